@@ -1,0 +1,65 @@
+"""Autostart of a supervisor by a client (SPEC §2), shared by the sync and async clients.
+
+The client spawns ``python -m trio_agentd --socket S --home H daemon --autostarted`` detached
+(new session, stdio to the daemon log) and polls for a hello. A spawned daemon that loses the
+race to another one exits 0 quietly (``--autostarted``), so the client keeps polling for the
+winner; one that exits non-zero makes the client fail with the exit code and the log's tail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ._errors import AgentdError, ErrorCode
+from ._paths import Layout
+
+LOSER_EXIT = 0
+
+
+def spawn_daemon(layout: Layout) -> subprocess.Popen[bytes]:
+    layout.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_fd = os.open(layout.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    env = dict(os.environ)
+    env["TRIO_AGENTD_REGISTRY_DIR"] = str(layout.registry)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "trio_agentd", "--socket", layout.socket,
+             "--home", str(layout.home), "daemon", "--autostarted"],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
+    finally:
+        os.close(log_fd)
+
+
+def log_tail(path: Path, lines: int = 8) -> str:
+    try:
+        data = path.read_bytes()[-8192:]
+    except OSError:
+        return "(no daemon log)"
+    text = data.decode(errors="replace").strip().splitlines()[-lines:]
+    return "\n".join(text) or "(empty daemon log)"
+
+
+def startup_failed(layout: Layout, code: int) -> AgentdError:
+    return AgentdError(
+        ErrorCode.DAEMON_UNAVAILABLE,
+        f"the supervisor exited during startup with code {code}; last lines of"
+        f" {layout.log_path}:\n{log_tail(layout.log_path)}",
+        {"exit_code": code},
+    )
+
+
+def startup_timeout(layout: Layout, seconds: float) -> AgentdError:
+    return AgentdError(
+        ErrorCode.DAEMON_UNAVAILABLE,
+        f"no supervisor answered on {layout.socket} within {seconds:g}s; last lines of"
+        f" {layout.log_path}:\n{log_tail(layout.log_path)}",
+    )

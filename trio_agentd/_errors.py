@@ -1,0 +1,51 @@
+"""The one error type of the public API, carrying the wire code of SPEC §7."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    """Machine-readable error codes of the public protocol."""
+
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_OP = "unknown_op"
+    UNKNOWN_SESSION = "unknown_session"
+    OWNERSHIP_LOST = "ownership_lost"
+    SHUTTING_DOWN = "shutting_down"
+    WORKER_UNAVAILABLE = "worker_unavailable"
+    COMMAND_INTERRUPTED = "command_interrupted"
+    FRAME_TOO_LARGE = "frame_too_large"
+    PERMISSION_DENIED = "permission_denied"
+    VERSION_MISMATCH = "version_mismatch"
+    INTERNAL = "internal"
+    # not on the public wire as a response code, but used by the CLI and the worker link
+    ALREADY_RUNNING = "already_running"
+    SUPERVISOR_GENERATION_STALE = "supervisor_generation_stale"
+    DAEMON_UNAVAILABLE = "daemon_unavailable"
+    CONFIG = "config"
+
+
+class AgentdError(Exception):
+    """Base of every error trio-agentd raises to its users.
+
+    Attributes:
+        code: the wire code (SPEC §7).
+        message: one human line that names the cause and, where there is one, the fix.
+        details: machine-readable extras (e.g. the ownership-lost cause).
+    """
+
+    def __init__(
+        self, code: ErrorCode | str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = str(code)
+        self.message = message
+        self.details: dict[str, Any] = dict(details or {})
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"AgentdError({self.code!r}, {self.message!r})"

@@ -1,0 +1,150 @@
+"""Small filesystem primitives: atomic JSON writes and kernel (flock) locks.
+
+Locks never guess staleness from mtimes: the kernel drops a flock when its holder dies. After
+taking one we check that the path still names the inode we locked (a temp cleaner may have
+unlinked it); if not we retry on the new file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, mode: int = 0o600) -> None:
+    atomic_write(path, json.dumps(obj, sort_keys=True).encode(), mode=mode)
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes | None:
+    """The file's bytes, or ``None`` when it (or its directory) does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _open_lock_file(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def _still_names(path: str, fd: int) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def try_lock(path: str | os.PathLike[str], *, shared: bool = False) -> int | None:
+    """Take the flock on ``path`` without blocking: its fd, or ``None`` if someone holds it."""
+    p = os.fspath(path)
+    flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
+    for _ in range(100):
+        fd = _open_lock_file(p)
+        try:
+            fcntl.flock(fd, flags)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _still_names(p, fd):
+            return fd
+        os.close(fd)  # unlinked or replaced under us: lock the new file
+    raise OSError(f"lock file {p} keeps being replaced")
+
+
+def unlock(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def is_locked(path: str | os.PathLike[str]) -> bool:
+    """Whether someone holds an exclusive flock on ``path`` (probe with a shared lock)."""
+    if not os.path.exists(path):
+        return False
+    fd = try_lock(path, shared=True)
+    if fd is None:
+        return True
+    unlock(fd)
+    return False
+
+
+@contextlib.asynccontextmanager
+async def locked(path: str | os.PathLike[str], *, poll: float = 0.005) -> AsyncIterator[int]:
+    """Hold the exclusive flock on ``path``, polling without blocking the event loop.
+
+    Cancellation: a cancelled waiter never holds the lock (nothing takes it later on its behalf,
+    unlike a blocking flock in an abandoned thread).
+    """
+    import trio
+
+    delay = poll
+    while True:
+        fd = try_lock(path)
+        if fd is not None:
+            break
+        await trio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    try:
+        yield fd
+    finally:
+        unlock(fd)
+
+
+@contextlib.contextmanager
+def locked_sync(path: str | os.PathLike[str]) -> Iterator[int]:
+    """Blocking variant for synchronous tools; the kernel releases it if we die."""
+    p = os.fspath(path)
+    while True:
+        fd = _open_lock_file(p)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if _still_names(p, fd):
+            break
+        os.close(fd)
+    try:
+        yield fd
+    finally:
+        unlock(fd)
+
+
+def ensure_dir(path: Path, mode: int = 0o700) -> None:
+    path.mkdir(mode=mode, parents=True, exist_ok=True)

@@ -1,0 +1,158 @@
+"""Process identity: a start id that names one incarnation, liveness, identity-checked signals.
+
+A pid alone is not an identity: pids are reused. SPEC §4 pairs it with a *start id* (on Linux the
+boot id plus the start time in clock ticks from ``/proc/<pid>/stat``; elsewhere psutil's create
+time). A process "is alive" only when its pid exists and its start id still matches. A process
+whose identity cannot be read counts as alive but is never signalled.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import sys
+
+_boot_id: str | None = None
+
+
+def _linux_boot_id() -> str:
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _boot_id = f.read().strip()
+        except OSError:
+            _boot_id = "noboot"
+    return _boot_id
+
+
+def read_start_id(pid: int) -> str | None:
+    """The start id of ``pid``, or ``None`` when no such process (or it cannot be read)."""
+    if pid <= 0:
+        return None
+    if sys.platform.startswith("linux"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except OSError:
+            return None
+        # comm may contain spaces and parentheses: split after the last ')'.
+        tail = data[data.rfind(b")") + 2 :].split()
+        try:
+            # field 22 (starttime) is index 19 after pid and comm are removed
+            return f"{_linux_boot_id()}:{int(tail[19])}"
+        except (IndexError, ValueError):
+            return None
+    try:
+        import psutil
+
+        return f"ct:{psutil.Process(pid).create_time():.6f}"
+    except Exception:
+        return None
+
+
+def own_start_id() -> str:
+    sid = read_start_id(os.getpid())
+    assert sid is not None
+    return sid
+
+
+class Liveness(enum.Enum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"  # exists but identity unreadable: counts as alive, never signalled
+
+
+def liveness(pid: int, start_id: str | None) -> Liveness:
+    """Is the process incarnation ``(pid, start_id)`` still running?"""
+    if pid <= 0:
+        return Liveness.DEAD
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return Liveness.DEAD
+    except PermissionError:
+        pass
+    current = read_start_id(pid)
+    if current is None:
+        # raced with exit, or unreadable
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return Liveness.DEAD
+        except PermissionError:
+            pass
+        return Liveness.UNKNOWN
+    if start_id is None:
+        return Liveness.UNKNOWN
+    if _is_zombie(pid):
+        return Liveness.DEAD
+    return Liveness.ALIVE if current == start_id else Liveness.DEAD
+
+
+def _is_zombie(pid: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    tail = data[data.rfind(b")") + 2 :]
+    return tail[:1] in (b"Z", b"X")
+
+
+def is_alive(pid: int, start_id: str | None) -> bool:
+    return liveness(pid, start_id) is not Liveness.DEAD
+
+
+def signal_identity_checked(pid: int, start_id: str | None, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only if it is still the incarnation ``start_id``.
+
+    On Linux a pidfd pins the process between the identity check and the signal, so a pid that
+    is reused in between is never hit. Returns whether the signal was delivered.
+    """
+    if start_id is None or pid <= 0:
+        return False
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    if pidfd_open is not None and send is not None:
+        try:
+            fd = pidfd_open(pid)
+        except (ProcessLookupError, OSError):
+            return False
+        try:
+            if read_start_id(pid) != start_id:
+                return False
+            try:
+                send(fd, sig)
+            except ProcessLookupError:
+                return False
+            return True
+        finally:
+            os.close(fd)
+    if read_start_id(pid) != start_id:
+        return False
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def signal_group_identity_checked(pgid: int, leader_pid: int, start_id: str | None, sig: int) -> bool:
+    """Signal a process group whose leader is the incarnation ``(leader_pid, start_id)``.
+
+    The group is signalled only while its leader still has the recorded identity; if the leader
+    is gone the group cannot be identified safely and only the leader check decides.
+    """
+    if start_id is None or read_start_id(leader_pid) != start_id:
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

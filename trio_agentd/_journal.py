@@ -1,0 +1,94 @@
+"""Worker command journals (SPEC §6): records, parsing, replay decisions. Pure.
+
+One JSON object per line: ``accepted`` (before a command runs), ``completed`` (with its result),
+``interrupted`` (it will never complete). A truncated or corrupt line is ignored, so a crash in
+the middle of an append loses nothing that was fsynced before it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+Key = tuple[str, str]  # (client_id, command id as text)
+
+
+def key_of(client_id: str, command_id: str | int) -> Key:
+    return (client_id, str(command_id))
+
+
+@dataclass(slots=True)
+class JournalState:
+    accepted: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    completed: dict[Key, Any] = field(default_factory=dict)
+    interrupted: set[Key] = field(default_factory=set)
+    skipped_lines: int = 0
+
+    def pending(self) -> list[tuple[Key, dict[str, Any]]]:
+        """Accepted commands that neither completed nor were interrupted, in order."""
+        return [
+            (k, rec)
+            for k, rec in self.accepted.items()
+            if k not in self.completed and k not in self.interrupted
+        ]
+
+    def apply(self, rec: dict[str, Any]) -> None:
+        kind = rec.get("kind")
+        k = key_of(str(rec.get("client_id", "")), rec.get("id", ""))
+        if kind == "accepted":
+            self.accepted[k] = rec
+        elif kind == "completed":
+            self.completed[k] = rec.get("result")
+        elif kind == "interrupted":
+            self.interrupted.add(k)
+        else:
+            self.skipped_lines += 1
+
+
+def parse(data: bytes) -> JournalState:
+    state = JournalState()
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            state.skipped_lines += 1
+            continue
+        if not isinstance(rec, dict):
+            state.skipped_lines += 1
+            continue
+        state.apply(rec)
+    return state
+
+
+def accepted(client_id: str, command_id: str | int, op: str, args: dict[str, Any]) -> bytes:
+    return _line(
+        {"kind": "accepted", "client_id": client_id, "id": command_id, "op": op, "args": args}
+    )
+
+
+def completed(client_id: str, command_id: str | int, result: Any) -> bytes:
+    return _line({"kind": "completed", "client_id": client_id, "id": command_id, "result": result})
+
+
+def interrupted(client_id: str, command_id: str | int) -> bytes:
+    return _line({"kind": "interrupted", "client_id": client_id, "id": command_id})
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def compacted(state: JournalState, keep_completed: int) -> bytes:
+    """The journal rewritten: pending commands plus the newest ``keep_completed`` results."""
+    out = bytearray()
+    done = list(state.completed.items())[-keep_completed:]
+    for k, rec in state.pending():
+        out += _line(rec)
+    for k, result in done:
+        rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})
+        out += _line({**rec, "kind": "accepted"})
+        out += completed(k[0], rec.get("id", k[1]), result)
+    return bytes(out)

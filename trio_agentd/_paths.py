@@ -1,0 +1,194 @@
+"""Where everything lives (SPEC §3), resolved once from flags, environment and defaults.
+
+Pure path arithmetic plus the two filesystem checks that guard the socket directory. Kept free of
+trio so the CLI's warm path can import it cheaply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import AgentdError, ErrorCode
+
+APP_NAME = "trio-agentd"
+# sockaddr_un.sun_path is 108 bytes on Linux including the terminating NUL.
+SUN_PATH_MAX = 107
+
+
+def normalize_socket_path(path: str | os.PathLike[str]) -> str:
+    """Lexically normalise a socket path: absolute, no ``..``, no duplicate ``/``.
+
+    Symlinks are not resolved: two spellings that differ only lexically name one socket.
+    """
+    text = os.path.abspath(os.fspath(path))
+    norm = os.path.normpath(text)
+    # POSIX normpath keeps a leading "//"; collapse it too.
+    while norm.startswith("//"):
+        norm = norm[1:]
+    return norm
+
+
+def socket_key(normalized_socket: str) -> str:
+    """First 12 hex digits of sha256 of the normalized socket path."""
+    return hashlib.sha256(normalized_socket.encode()).hexdigest()[:12]
+
+
+def _state_root() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_state_path(APP_NAME))
+
+
+def default_home() -> Path:
+    env = os.environ.get("TRIO_AGENTD_HOME")
+    if env:
+        return Path(os.path.abspath(env))
+    return _state_root()
+
+
+def default_registry_dir() -> Path:
+    env = os.environ.get("TRIO_AGENTD_REGISTRY_DIR")
+    if env:
+        return Path(os.path.abspath(env))
+    return _state_root() / "supervisor-owners"
+
+
+def default_socket_dir() -> str:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, APP_NAME)
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"{APP_NAME}-{os.getuid()}")
+
+
+def default_socket() -> str:
+    env = os.environ.get("TRIO_AGENTD_SOCKET")
+    if env:
+        return normalize_socket_path(env)
+    return normalize_socket_path(os.path.join(default_socket_dir(), "daemon.sock"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Every path one supervisor (or a client of it) uses."""
+
+    home: Path
+    socket: str
+    registry: Path
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        socket: str | os.PathLike[str] | None = None,
+        home: str | os.PathLike[str] | None = None,
+        registry: str | os.PathLike[str] | None = None,
+    ) -> Layout:
+        return cls(
+            home=Path(os.path.abspath(home)) if home is not None else default_home(),
+            socket=normalize_socket_path(socket) if socket is not None else default_socket(),
+            registry=(
+                Path(os.path.abspath(registry)) if registry is not None else default_registry_dir()
+            ),
+        )
+
+    @property
+    def key(self) -> str:
+        return socket_key(self.socket)
+
+    @property
+    def socket_dir(self) -> str:
+        return os.path.dirname(self.socket)
+
+    @property
+    def lease_path(self) -> str:
+        return self.socket + ".lock"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / "daemons" / self.key
+
+    @property
+    def workers_dir(self) -> Path:
+        return self.state_dir / "workers"
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.state_dir / "journal"
+
+    @property
+    def generations_dir(self) -> Path:
+        return self.state_dir / "generations"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "daemon.log"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.home / "sessions"
+
+    def session_dir(self, session_id: str) -> Path:
+        return self.sessions_dir / session_id
+
+    def descriptor_path(self, session_id: str) -> Path:
+        return self.workers_dir / f"{session_id}.json"
+
+    def token_path(self, session_id: str) -> Path:
+        return self.workers_dir / f"{session_id}.token"
+
+    def journal_path(self, session_id: str) -> Path:
+        return self.journal_dir / f"{session_id}.jsonl"
+
+    def worker_socket(self, session_id: str) -> str:
+        """A short path next to the public socket (sun_path is small; the home may be long)."""
+        digest = hashlib.sha256(session_id.encode()).hexdigest()[:10]
+        return os.path.join(self.socket_dir, f"w-{self.key[:8]}-{digest}.sock")
+
+
+def check_socket_path(path: str) -> None:
+    """Refuse a socket path longer than the platform's ``sun_path`` limit."""
+    size = len(os.fsencode(path))
+    if size > SUN_PATH_MAX:
+        raise AgentdError(
+            ErrorCode.CONFIG,
+            f"socket path is {size} bytes, over the {SUN_PATH_MAX}-byte sun_path limit: {path}"
+            " — choose a shorter --socket",
+            {"limit": SUN_PATH_MAX, "length": size},
+        )
+
+
+def ensure_private_dir(path: str, *, create: bool = True) -> None:
+    """Make sure ``path`` is a directory of mode 0700 owned by us; refuse clearly otherwise."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            raise AgentdError(
+                ErrorCode.CONFIG, f"socket directory {path} does not exist — create it (mode 0700)"
+            ) from None
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise AgentdError(ErrorCode.CONFIG, f"socket directory {path} is not a directory")
+    if st.st_uid != os.getuid():
+        raise AgentdError(
+            ErrorCode.PERMISSION_DENIED,
+            f"socket directory {path} is owned by uid {st.st_uid}, not {os.getuid()}"
+            " — use a directory you own (--socket)",
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise AgentdError(
+            ErrorCode.PERMISSION_DENIED,
+            f"socket directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, must be 0700"
+            f" — run: chmod 700 {path}",
+        )

@@ -1,0 +1,205 @@
+"""The JSON-lines protocol of SPEC §7: message types, a size-bounded line splitter, the codec.
+
+Pure: no trio, no sockets. The same messages travel on the public socket (client ↔ supervisor)
+and on each worker's private socket (supervisor ↔ worker), which adds the worker hello and the
+authentication exchange.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ._errors import AgentdError, ErrorCode
+
+from ._version import APP_VERSION as APP_VERSION
+from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
+
+MAX_FRAME = 1 << 20  # bytes per line, newline excluded
+
+CAPABILITIES = ["prompt", "stream", "sessions", "create_session", "kill_session", "shutdown"]
+
+OPS = frozenset(
+    {
+        "ping",
+        "status",
+        "create_session",
+        "prompt",
+        "sessions",
+        "kill_session",
+        "retry_session",
+        "restart",
+        "shutdown",
+    }
+)
+
+RequestId = str | int
+
+
+class _Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    pass
+
+
+class Hello(_Msg, tag="hello"):
+    protocol: int
+    app_version: str
+    generation: str
+    pid: int
+    start_id: str | None
+    socket: str
+    capabilities: list[str] = msgspec.field(default_factory=list)
+
+
+class Request(_Msg, tag="request"):
+    id: RequestId
+    op: str
+    client_id: str = ""
+    args: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Response(_Msg, tag="response"):
+    id: RequestId | None
+    ok: bool
+    result: Any = msgspec.UNSET
+    error: ErrorBody | msgspec.UnsetType = msgspec.UNSET
+
+
+class Event(_Msg, tag="event"):
+    id: RequestId
+    event: dict[str, Any]
+
+
+# --- the private worker link -------------------------------------------------------------
+
+
+class WorkerHello(_Msg, tag="worker_hello"):
+    session: str
+    pid: int
+    start_id: str | None
+    protocol: int = PROTOCOL_VERSION
+
+
+class Auth(_Msg, tag="auth"):
+    token: str
+    generation: str
+    pid: int
+    start_id: str | None
+    socket: str
+
+
+class AuthOk(_Msg, tag="auth_ok"):
+    session: str
+    pid: int
+
+
+class Dropped(_Msg, tag="dropped"):
+    """Sent by a worker as it drops a supervisor connection (then it closes)."""
+
+    code: str
+    message: str
+
+
+Message = Hello | Request | Response | Event | WorkerHello | Auth | AuthOk | Dropped
+
+_encoder = msgspec.json.Encoder()
+_decoder: msgspec.json.Decoder[Message] = msgspec.json.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    """One frame: the message as compact JSON plus a newline."""
+    return _encoder.encode(msg) + b"\n"
+
+
+def decode(line: bytes) -> Message:
+    """Decode one frame (without its newline) into a typed message.
+
+    Raises:
+        AgentdError: ``bad_request`` naming what is wrong (not JSON, not an object, unknown
+            type, a field of the wrong type).
+    """
+    try:
+        return _decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        raise AgentdError(ErrorCode.BAD_REQUEST, f"invalid message: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise AgentdError(ErrorCode.BAD_REQUEST, f"malformed JSON: {exc}") from None
+
+
+def ok(request_id: RequestId | None, result: Any) -> Response:
+    return Response(id=request_id, ok=True, result=result)
+
+
+def fail(request_id: RequestId | None, error: AgentdError) -> Response:
+    return Response(
+        id=request_id,
+        ok=False,
+        error=ErrorBody(code=error.code, message=error.message, details=error.details),
+    )
+
+
+def error_of(response: Response) -> AgentdError:
+    """The error a failed response carries, as an exception to raise on the client side."""
+    body = response.error
+    if isinstance(body, msgspec.UnsetType):
+        return AgentdError(ErrorCode.INTERNAL, "failed response without an error body")
+    return AgentdError(body.code, body.message, body.details)
+
+
+def to_builtins(obj: Any) -> Any:
+    return msgspec.to_builtins(obj)
+
+
+class FrameTooLarge(AgentdError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            ErrorCode.FRAME_TOO_LARGE,
+            f"a line exceeded the {limit}-byte frame limit; connection closed",
+            {"limit": limit},
+        )
+
+
+class LineBuffer:
+    """Split a byte stream into lines of at most ``limit`` bytes (newline excluded).
+
+    ``feed`` returns the complete lines so far; a line that grows past the limit raises
+    :class:`FrameTooLarge` as soon as that is known, without buffering the rest of it.
+    """
+
+    __slots__ = ("_buf", "_limit", "_scanned")
+
+    def __init__(self, limit: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._limit = limit
+        self._scanned = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            nl = self._buf.find(b"\n", max(start, self._scanned))
+            if nl < 0:
+                break
+            if nl - start > self._limit:
+                raise FrameTooLarge(self._limit)
+            lines.append(bytes(self._buf[start:nl]))
+            start = nl + 1
+            self._scanned = start
+        if start:
+            del self._buf[:start]
+        self._scanned = len(self._buf)
+        if len(self._buf) > self._limit:
+            raise FrameTooLarge(self._limit)
+        return lines
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished line."""
+        return len(self._buf)

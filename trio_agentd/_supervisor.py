@@ -1,0 +1,598 @@
+"""The supervisor: one root nursery serving clients, owning workers, checking its claim.
+
+Theory of operation
+-------------------
+Startup order is the contract of SPEC §5: acquire the ownership record (conflict scan under the
+registry guard), take the socket lease, prove the generation belongs to this home
+(``generations/<g>/``), bind the socket, and only then listen — so any supervisor that answers a
+hello has a record. Every command first calls ``Ownership.ensure_current`` (one file read; a
+single-flight restore when a cleaner deleted the record). A self-check every
+``self_check_interval`` does the same with no traffic, and re-binds the socket path if it was
+unlinked or replaced. SIGTERM/SIGINT/SIGHUP stop the supervisor and leave workers running for the
+next one to adopt; the ``shutdown`` op stops the workers too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket as _socket
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from . import _fs
+from ._errors import AgentdError, ErrorCode
+from ._handle import WorkerHandle
+from ._identity import own_start_id
+from ._ownership import Phase
+from ._paths import Layout, check_socket_path, ensure_private_dir
+from ._protocol import (
+    APP_VERSION,
+    CAPABILITIES,
+    PROTOCOL_VERSION,
+    FrameTooLarge,
+    Hello,
+    Request,
+    decode,
+    fail,
+    ok,
+)
+from ._protocol import Event as EventMsg
+from ._registry import Ownership, Registry
+from ._session import check_session_id, read_meta
+from ._stream import MessageStream
+from .agents._base import validate_agent_spec
+from .timing import DEFAULT_TIMING, Timing
+
+log = logging.getLogger("trio_agentd.supervisor")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SupervisorConfig:
+    """How to run a supervisor. Unset paths resolve as SPEC §3 says."""
+
+    socket: str | None = None
+    home: str | None = None
+    registry: str | None = None
+    self_heal: bool | None = None  # None: TRIO_AGENTD_SELF_HEAL (default on)
+    timing: Timing = field(default_factory=lambda: DEFAULT_TIMING)
+    admission_ticket: str | None = None
+    stop_workers_on_exit: bool = False
+
+    def layout(self) -> Layout:
+        return Layout.resolve(socket=self.socket, home=self.home, registry=self.registry)
+
+
+def _self_heal_from_env() -> bool:
+    return os.environ.get("TRIO_AGENTD_SELF_HEAL", "1").strip().lower() not in ("0", "false", "no")
+
+
+class Supervisor:
+    def __init__(self, config: SupervisorConfig) -> None:
+        self.config = config
+        self.layout = config.layout()
+        self.timing = config.timing
+        self.generation = uuid.uuid4().hex
+        self.registry = Registry(self.layout.registry)
+        self.ownership = Ownership(
+            self.registry,
+            self.layout,
+            generation=self.generation,
+            app_version=APP_VERSION,
+            protocol=PROTOCOL_VERSION,
+            self_heal=_self_heal_from_env() if config.self_heal is None else config.self_heal,
+            admission_ticket=config.admission_ticket
+            or os.environ.get("TRIO_AGENTD_ADMISSION_TICKET"),
+            timing=config.timing,
+        )
+        self.start_id = own_start_id()
+        self.started_at = time.monotonic()
+        self.sessions: dict[str, WorkerHandle] = {}
+        self._create_lock = trio.Lock()
+        self.shutdown_requested = trio.Event()
+        self.stop_workers = config.stop_workers_on_exit
+        self.stopped = trio.Event()
+        self._lease_fd: int | None = None
+        self._listen_sock: trio.socket.SocketType | None = None
+        self._bound_ino: int | None = None
+        self._service: trio.Nursery | None = None
+        self._clients: trio.Nursery | None = None
+        self.commands = 0
+
+    @property
+    def service_nursery(self) -> trio.Nursery:
+        assert self._service is not None
+        return self._service
+
+    # lifecycle --------------------------------------------------------------------------
+    async def serve(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until shutdown. ``task_status.started(self)`` once the socket listens.
+
+        Raises:
+            AgentdError: ``already_running`` (naming the incumbent), ``shutting_down``,
+                ``config`` or ``permission_denied`` for a bad socket dir.
+        """
+        L = self.layout
+        check_socket_path(L.socket)
+        check_socket_path(L.worker_socket("x"))
+        ensure_private_dir(L.socket_dir)
+        for d in (L.state_dir, L.workers_dir, L.journal_dir, L.generations_dir):
+            _fs.ensure_dir(d)
+        await self.ownership.acquire()
+        try:
+            self._take_lease()
+            try:
+                (L.generations_dir / self.generation).mkdir(mode=0o700, exist_ok=True)
+                self._bind()
+                await self.ownership.set_phase(Phase.OWNER)
+                self._load_descriptors()
+                async with trio.open_nursery() as service:
+                    self._service = service
+                    self.ownership.bind_nursery(service)
+                    async with trio.open_nursery() as clients:
+                        self._clients = clients
+                        service.start_soon(self._signals)
+                        service.start_soon(self._self_check_loop)
+                        service.start_soon(self._accept_loop, self._listen_sock)
+                        log.info(
+                            "supervisor generation %s pid %s listening on %s",
+                            self.generation, os.getpid(), L.socket,
+                        )
+                        task_status.started(self)
+                        await self.shutdown_requested.wait()
+                        clients.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True):
+                        await self._stop(service)
+                    service.cancel_scope.cancel()
+            finally:
+                self._release_lease()
+        finally:
+            await self.ownership.release()
+            self.stopped.set()
+
+    def request_shutdown(self, *, stop_workers: bool) -> None:
+        self.stop_workers = self.stop_workers or stop_workers
+        self.shutdown_requested.set()
+
+    async def _stop(self, service: trio.Nursery) -> None:
+        with contextlib.suppress(AgentdError, OSError):
+            await self.ownership.set_phase(Phase.STOPPING)
+        self._close_listener(unlink=True)
+        if self.stop_workers:
+            with trio.move_on_after(self.timing.stop_grace + self.timing.kill_confirm_timeout + 2):
+                async with trio.open_nursery() as n:
+                    for h in list(self.sessions.values()):
+                        n.start_soon(h.stop)
+        else:
+            for h in self.sessions.values():
+                if h.link is not None:
+                    await h.link.aclose()
+        with contextlib.suppress(OSError):
+            (self.layout.generations_dir / self.generation).rmdir()
+        log.info("supervisor generation %s stopped (workers %s)", self.generation,
+                 "stopped" if self.stop_workers else "left running for adoption")
+
+    def _take_lease(self) -> None:
+        path = self.layout.lease_path
+        fd = _fs.try_lock(path)
+        if fd is None:
+            holder: dict[str, Any] = {}
+            with contextlib.suppress(OSError, ValueError):
+                holder = json.loads(open(path, "rb").read() or b"{}")
+            raise AgentdError(
+                ErrorCode.ALREADY_RUNNING,
+                f"socket lease {path} is held by supervisor pid {holder.get('pid', '?')},"
+                f" generation {holder.get('generation', '?')} — use it, or stop it with"
+                " `trio-agentd shutdown`",
+                {"pid": holder.get("pid"), "generation": holder.get("generation")},
+            )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "generation": self.generation}).encode(), 0)
+        self._lease_fd = fd
+
+    def _release_lease(self) -> None:
+        if self._lease_fd is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(self.layout.lease_path).st_ino == os.fstat(self._lease_fd).st_ino:
+                    os.unlink(self.layout.lease_path)
+            _fs.unlock(self._lease_fd)
+            self._lease_fd = None
+
+    # the listening socket ----------------------------------------------------------------
+    def _bind(self) -> None:
+        path = self.layout.socket
+        if os.path.lexists(path):
+            probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            probe.settimeout(self.timing.connect_timeout)
+            try:
+                probe.connect(path)
+            except OSError as exc:
+                if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+                    raise
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            else:
+                raise AgentdError(
+                    ErrorCode.ALREADY_RUNNING,
+                    f"something outside our lease is listening on {path} — stop it first",
+                )
+            finally:
+                probe.close()
+        raw = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            raw.bind(path)  # socket file mode 0600
+        except BaseException:
+            raw.close()
+            raise
+        finally:
+            os.umask(old)
+        raw.listen(128)
+        self._listen_sock = trio.socket.from_stdlib_socket(raw)
+        self._bound_ino = os.stat(path).st_ino
+
+    def _close_listener(self, *, unlink: bool) -> None:
+        sock = self._listen_sock
+        self._listen_sock = None
+        if sock is None:
+            return
+        if unlink:
+            with contextlib.suppress(OSError):
+                if os.stat(self.layout.socket).st_ino == self._bound_ino:
+                    os.unlink(self.layout.socket)
+        sock.close()
+
+    def _socket_intact(self) -> bool:
+        try:
+            return os.stat(self.layout.socket).st_ino == self._bound_ino
+        except FileNotFoundError:
+            return False
+
+    def _rebind(self) -> None:
+        old = self._listen_sock
+        self._listen_sock = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.layout.socket)  # we hold the lease: the path is ours
+        self._bind()
+        if old is not None:
+            old.close()
+        self.service_nursery.start_soon(self._accept_loop, self._listen_sock)
+        log.warning("socket %s was removed or replaced; bound it again", self.layout.socket)
+
+    async def _accept_loop(self, sock: trio.socket.SocketType | None) -> None:
+        assert sock is not None and self._clients is not None
+        while True:
+            try:
+                conn, _ = await sock.accept()
+            except (OSError, trio.ClosedResourceError) as exc:
+                if sock.fileno() == -1 or isinstance(exc, trio.ClosedResourceError):
+                    return
+                if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS):
+                    log.error("accept: %s; backing off", exc)
+                    await trio.sleep(0.1)
+                    continue
+                return
+            self._clients.start_soon(self._serve_client, trio.SocketStream(conn))
+
+    # periodic -----------------------------------------------------------------------------
+    async def _self_check_loop(self) -> None:
+        last: str | None = None
+        while True:
+            await trio.sleep(self.timing.self_check_interval)
+            try:
+                await self.ownership.ensure_current()
+                last = None
+            except AgentdError as exc:
+                if exc.message != last:
+                    log.error("self-check: %s", exc.message)
+                    last = exc.message
+            if self.ownership.revoked.is_set():
+                log.error("generation %s was revoked; exiting (workers keep running)",
+                          self.generation)
+                self.request_shutdown(stop_workers=False)
+                return
+            if self._listen_sock is not None and not self._socket_intact():
+                try:
+                    self._rebind()
+                except (OSError, AgentdError) as exc:
+                    log.error("could not bind %s again: %s", self.layout.socket, exc)
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for signum in sigs:
+                log.info("signal %s: stopping, workers left running", signal.Signals(signum).name)
+                self.request_shutdown(stop_workers=False)
+
+    # sessions -------------------------------------------------------------------------------
+    def _load_descriptors(self) -> None:
+        for path in sorted(self.layout.workers_dir.glob("*.json")):
+            try:
+                desc = json.loads(path.read_bytes())
+                if not isinstance(desc, dict) or desc.get("socket") != self.layout.socket:
+                    raise ValueError("not a descriptor of this socket")
+                check_session_id(str(desc.get("session")))
+                h = WorkerHandle.from_descriptor(self, desc)
+            except (OSError, ValueError, KeyError, TypeError, AgentdError) as exc:
+                log.error("skipping unreadable worker descriptor %s: %s", path, exc)
+                continue
+            self.sessions[h.session_id] = h
+
+    async def get_session(
+        self, session_id: str, agent: str | None, cwd: str | None, *, create: bool
+    ) -> WorkerHandle:
+        check_session_id(session_id)
+        async with self._create_lock:
+            h = self.sessions.get(session_id)
+            if h is None:
+                meta = read_meta(self.layout.session_dir(session_id))
+                if meta is None and not create:
+                    raise AgentdError(
+                        ErrorCode.UNKNOWN_SESSION,
+                        f"no session {session_id!r} — create it with"
+                        f" `trio-agentd prompt -s {session_id} TEXT`",
+                    )
+                known_agent = str(meta["agent"]) if meta and "agent" in meta else None
+                use_agent = agent or known_agent or "echo"
+                if known_agent is not None and agent is not None and agent != known_agent:
+                    raise _agent_mismatch(session_id, known_agent, agent)
+                validate_agent_spec(use_agent)
+                h = WorkerHandle(
+                    self, session_id, use_agent,
+                    (meta or {}).get("cwd") or cwd or str(self.layout.session_dir(session_id)),
+                )
+                self.sessions[session_id] = h
+            elif agent is not None and agent != h.agent:
+                raise _agent_mismatch(session_id, h.agent, agent)
+            return h
+
+    # clients --------------------------------------------------------------------------------
+    def hello(self) -> Hello:
+        return Hello(
+            protocol=PROTOCOL_VERSION,
+            app_version=APP_VERSION,
+            generation=self.generation,
+            pid=os.getpid(),
+            start_id=self.start_id,
+            socket=self.layout.socket,
+            capabilities=CAPABILITIES,
+        )
+
+    async def _serve_client(self, stream: trio.SocketStream) -> None:
+        ms = MessageStream(stream)
+        try:
+            uid = _peer_uid(stream)
+            if uid is not None and uid != os.getuid():
+                await ms.send(fail(None, AgentdError(
+                    ErrorCode.PERMISSION_DENIED,
+                    f"uid {uid} may not use the supervisor of uid {os.getuid()}")))
+                return
+            await ms.send(self.hello())
+            async with trio.open_nursery() as requests:
+                while True:
+                    try:
+                        line = await ms.receive_line()
+                    except FrameTooLarge as exc:
+                        with trio.move_on_after(1):
+                            await ms.send(fail(None, exc))
+                        break
+                    if line is None:
+                        break
+                    try:
+                        msg = decode(line)
+                    except AgentdError as exc:
+                        await ms.send(fail(_guess_id(line), exc))
+                        continue
+                    if not isinstance(msg, Request):
+                        await ms.send(fail(None, AgentdError(
+                            ErrorCode.BAD_REQUEST, f"expected a request, got {type(msg).__name__}")))
+                        continue
+                    requests.start_soon(self._dispatch, ms, msg)
+                # the client half-closed or broke: let its requests finish, bounded
+                with trio.move_on_after(self.timing.stop_grace):
+                    await _wait_children_done(requests)
+                requests.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await ms.aclose()
+
+    async def _dispatch(self, ms: MessageStream, req: Request) -> None:
+        self.commands += 1
+        try:
+            if req.op != "shutdown":
+                if self.shutdown_requested.is_set():
+                    raise AgentdError(ErrorCode.SHUTTING_DOWN, "the supervisor is shutting down")
+                await self.ownership.ensure_current()
+            result = await self._run_op(ms, req)
+            response = ok(req.id, result)
+        except AgentdError as exc:
+            response = fail(req.id, exc)
+        except Exception as exc:
+            log.exception("internal error in %s", req.op)
+            response = fail(req.id, AgentdError(ErrorCode.INTERNAL, f"internal error: {exc}"))
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await ms.send(response)
+        if req.op == "shutdown" and response.ok:
+            self.request_shutdown(stop_workers=bool(req.args.get("stop_workers", True)))
+
+    async def _run_op(self, ms: MessageStream, req: Request) -> Any:
+        args = req.args
+        match req.op:
+            case "ping":
+                return {"pong": True, "generation": self.generation, "pid": os.getpid()}
+            case "status":
+                return self.status()
+            case "sessions":
+                return [h.summary() for h in sorted(self.sessions.values(),
+                                                     key=lambda h: h.session_id)]
+            case "create_session":
+                h = await self.get_session(
+                    _str_arg(args, "session"), _opt_str(args, "agent"), _opt_str(args, "cwd"),
+                    create=True,
+                )
+                await h.ensure_link()
+                return h.summary()
+            case "prompt":
+                return await self._prompt(ms, req)
+            case "kill_session":
+                sid = _str_arg(args, "session")
+                h = self.sessions.get(sid)
+                if h is None:
+                    raise AgentdError(ErrorCode.UNKNOWN_SESSION, f"no session {sid!r}")
+                await h.stop()
+                self.sessions.pop(sid, None)
+                for p in (self.layout.descriptor_path(sid), self.layout.token_path(sid)):
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+                return {"session": sid, "killed": True}
+            case "retry_session":
+                sid = _str_arg(args, "session")
+                h = self.sessions.get(sid)
+                if h is None:
+                    raise AgentdError(ErrorCode.UNKNOWN_SESSION, f"no session {sid!r}")
+                h.restarts = 0
+                if h.state == "failed":
+                    h.state = "stopped"
+                return h.summary()
+            case "shutdown":
+                return {"generation": self.generation, "pid": os.getpid(),
+                        "stop_workers": bool(args.get("stop_workers", True))}
+            case "restart":
+                raise AgentdError(ErrorCode.UNKNOWN_OP, "restart is not implemented yet")
+            case _:
+                raise AgentdError(
+                    ErrorCode.UNKNOWN_OP,
+                    f"unknown op {req.op!r} — known: ping, status, create_session, prompt,"
+                    " sessions, kill_session, retry_session, restart, shutdown",
+                )
+
+    async def _prompt(self, ms: MessageStream, req: Request) -> Any:
+        args = req.args
+        text = args.get("text")
+        if not isinstance(text, str):
+            raise AgentdError(ErrorCode.BAD_REQUEST, "prompt needs a string 'text'")
+        h = await self.get_session(
+            _opt_str(args, "session") or "default", _opt_str(args, "agent"),
+            _opt_str(args, "cwd"), create=True,
+        )
+        if h.state == "failed":
+            raise AgentdError(
+                ErrorCode.WORKER_UNAVAILABLE,
+                f"session {h.session_id} failed too often — run `trio-agentd retry"
+                f" {h.session_id}`",
+            )
+        h.last_prompt = time.monotonic()
+
+        async def relay(event: dict[str, Any]) -> None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await ms.send(EventMsg(id=req.id, event=event))
+
+        response = await h.call(
+            "prompt",
+            {"text": text, "command_id": req.id},
+            client_id=req.client_id,
+            on_event=relay if args.get("stream", True) else None,
+        )
+        if not response.ok:
+            from ._protocol import error_of
+
+            raise error_of(response)
+        result = response.result
+        if isinstance(result, dict) and isinstance(result.get("turn"), int):
+            h.turns = max(h.turns, result["turn"])
+        return result
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "pid": os.getpid(),
+            "start_id": self.start_id,
+            "socket": self.layout.socket,
+            "home": str(self.layout.home),
+            "state_dir": str(self.layout.state_dir),
+            "app_version": APP_VERSION,
+            "protocol": PROTOCOL_VERSION,
+            "sessions": len(self.sessions),
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "phase": str(self.ownership.record.phase),
+            "restores": self.ownership.statistics().restores,
+        }
+
+
+async def _wait_children_done(nursery: trio.Nursery) -> None:
+    while nursery.child_tasks:
+        await trio.sleep(0.01)
+
+
+def _agent_mismatch(session_id: str, have: str, asked: str) -> AgentdError:
+    return AgentdError(
+        ErrorCode.BAD_REQUEST,
+        f"session {session_id!r} runs agent {have!r}, not {asked!r} — drop --agent or use"
+        " another session",
+    )
+
+
+def _str_arg(args: dict[str, Any], name: str) -> str:
+    value = args.get(name)
+    if not isinstance(value, str) or not value:
+        raise AgentdError(ErrorCode.BAD_REQUEST, f"argument {name!r} must be a non-empty string")
+    return value
+
+
+def _opt_str(args: dict[str, Any], name: str) -> str | None:
+    value = args.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise AgentdError(ErrorCode.BAD_REQUEST, f"argument {name!r} must be a string")
+    return value
+
+
+def _guess_id(line: bytes) -> Any:
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
+
+
+def _peer_uid(stream: trio.SocketStream) -> int | None:
+    try:
+        creds = stream.socket.getsockopt(
+            _socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i")
+        )
+    except (OSError, AttributeError):
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+@contextlib.asynccontextmanager
+async def open_supervisor(config: SupervisorConfig | None = None) -> AsyncIterator[Supervisor]:
+    """Run a supervisor inside a Trio program for the body of the ``async with``.
+
+    On exit the supervisor stops (its workers too if ``config.stop_workers_on_exit``).
+
+    Cancellation: cancelling the body stops the supervisor the same way; workers not stopped
+    keep running and are adopted by the next supervisor on the socket.
+    """
+    sup = Supervisor(config or SupervisorConfig())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.serve)
+        try:
+            yield sup
+        finally:
+            sup.request_shutdown(stop_workers=sup.config.stop_workers_on_exit)
+            with trio.move_on_after(15, shield=True):
+                await sup.stopped.wait()

@@ -1,0 +1,582 @@
+"""The worker process: one session, its agent, its journal, its private socket.
+
+Theory of operation
+-------------------
+A worker outlives supervisors. It listens on a private Unix socket; a supervisor connects,
+receives a ``worker_hello``, and authenticates with the worker's token plus its *claim*
+(generation, pid, start id, public socket). The worker checks the claim against the ownership
+registry (:class:`._fence.Fence`) and, on a real socket, that the peer's SO_PEERCRED pid is the
+claimed pid. The newest authenticated connection becomes *current* and every older one is
+revoked. Before every command and every ``refence_interval`` the worker re-checks the claim and
+drops a connection whose supervisor lost it (``supervisor_generation_stale``); the session goes
+on and the next valid supervisor reconnects.
+
+Commands are journalled: ``accepted`` is fsynced before a command runs, ``completed`` after, so a
+retry with the same ``(client_id, id)`` gets the stored result and never runs twice. A command
+runs in the worker's own nursery, not in the connection's, so a dropped connection does not
+abandon an accepted command: the retry on the next connection waits for it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import signal
+import socket as _socket
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from . import _journal
+from ._errors import AgentdError, ErrorCode
+from ._fence import Claim, Fence
+from ._identity import own_start_id, read_start_id
+from ._protocol import (
+    Auth,
+    AuthOk,
+    Dropped,
+    Event,
+    Request,
+    WorkerHello,
+    fail,
+    ok,
+)
+from ._session import Transcript
+from ._stream import MessageStream
+from .agents import Agent, TurnContext, load_agent
+from .timing import DEFAULT_TIMING, Timing
+
+log = logging.getLogger("trio_agentd.worker")
+
+COMPACT_AFTER = 2000  # journal lines
+KEEP_COMPLETED = 500
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    session_id: str
+    agent: str
+    token: str
+    supervisor_socket: str
+    registry: str
+    worker_socket: str
+    journal: str
+    session_dir: str
+    cwd: str
+
+    def to_json(self) -> str:
+        return json.dumps({k: getattr(self, k) for k in self.__slots__})
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        return cls(**json.loads(text))
+
+
+class Journal:
+    """The worker's command journal file (appends are fsynced before they return)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.state = _journal.parse(path.read_bytes() if path.exists() else b"")
+        self._lines = len(self.state.accepted) + len(self.state.completed)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            os.write(self._fd, b"\n")  # seal a truncated tail so the next record parses
+
+    def append(self, line: bytes) -> None:
+        os.write(self._fd, line)
+        os.fsync(self._fd)
+        self.state.apply(json.loads(line))
+        self._lines += 1
+
+    def maybe_compact(self) -> None:
+        if self._lines < COMPACT_AFTER:
+            return
+        from ._fs import atomic_write
+
+        atomic_write(self.path, _journal.compacted(self.state, KEEP_COMPLETED))
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self.state = _journal.parse(self.path.read_bytes())
+        self._lines = len(self.state.accepted) + len(self.state.completed)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _Conn:
+    def __init__(self, ms: MessageStream, fence: Fence) -> None:
+        self.ms = ms
+        self.fence = fence
+        self.scope = trio.CancelScope()
+        self.dropped = False
+
+
+class _Running:
+    def __init__(self, listener: _Conn, request_id: Any) -> None:
+        self.done = trio.Event()
+        self.listener: _Conn | None = listener
+        self.request_id = request_id
+        self.response_ok = True
+        self.result: Any = None
+        self.error: AgentdError | None = None
+
+
+class WorkerCore:
+    """Everything a worker does, over any stream; the process shell only adds the socket.
+
+    Args:
+        peer_pid: returns the peer pid of a connection (SO_PEERCRED) or ``None`` if unknown.
+    """
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        agent: Agent,
+        token: str,
+        supervisor_socket: str,
+        read_record: Callable[[str], bytes | None],
+        read_start_id: Callable[[int], str | None] = read_start_id,
+        journal: Journal | None,
+        transcript: Transcript | None,
+        cwd: Path,
+        timing: Timing = DEFAULT_TIMING,
+        peer_pid: Callable[[trio.abc.Stream], int | None] = lambda _s: None,
+        pid: int | None = None,
+        start_id: str | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.agent = agent
+        self._token = token
+        self.supervisor_socket = supervisor_socket
+        self._read_record = read_record
+        self._read_start_id = read_start_id
+        self.journal = journal
+        self.transcript = transcript
+        self.cwd = cwd
+        self.timing = timing
+        self._peer_pid = peer_pid
+        self.pid = os.getpid() if pid is None else pid
+        self.start_id = own_start_id() if start_id is None else start_id
+        self.conns: list[_Conn] = []
+        self.current: _Conn | None = None
+        self.stop_requested = trio.Event()
+        self._turn = trio.Semaphore(1)
+        self._running: dict[_journal.Key, _Running] = {}
+        self._nursery: trio.Nursery | None = None
+        self.turns_run = 0
+        self._memory_turns = 0
+
+    @property
+    def turns(self) -> int:
+        return self.transcript.turns if self.transcript is not None else self._memory_turns
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the re-fence loop and host commands until a ``stop``; never returns otherwise."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._refence_loop)
+            self._recover_pending()
+            task_status.started()
+            await self.stop_requested.wait()
+            # graceful: let an accepted command finish, bounded
+            with trio.move_on_after(self.timing.stop_grace):
+                await self._turn.acquire()
+            nursery.cancel_scope.cancel()
+
+    def _recover_pending(self) -> None:
+        if self.journal is None:
+            return
+        for k, rec in self.journal.state.pending():
+            if self.transcript is not None and k in self.transcript.keys:
+                # it finished and was transcribed just before a crash: complete it, do not rerun
+                last = self.transcript.last or {}
+                self.journal.append(_journal.completed(k[0], rec.get("id", k[1]), {
+                    "session": self.session_id, "turn": last.get("turn"),
+                    "reply": last.get("reply", "")}))
+            elif self.agent.replayable and rec.get("op") == "prompt":
+                running = _Running(listener=None, request_id=rec.get("id"))  # type: ignore[arg-type]
+                running.listener = None
+                self._running[k] = running
+                assert self._nursery is not None
+                self._nursery.start_soon(self._replay, k, rec, running)
+            else:
+                self.journal.append(_journal.interrupted(k[0], rec.get("id", k[1])))
+                log.warning("command %s was interrupted by a worker restart", k)
+
+    async def _replay(self, k: _journal.Key, rec: dict[str, Any], running: _Running) -> None:
+        await self._turn.acquire()
+        await self._execute(k, str(rec.get("args", {}).get("text", "")), running, replay=True)
+
+    # connections ------------------------------------------------------------------------
+    async def serve_connection(self, stream: trio.abc.Stream) -> None:
+        """Authenticate one supervisor connection and serve its commands until it drops.
+
+        Cancellation: the connection is closed; commands it started keep running.
+        """
+        ms = MessageStream(stream)
+        try:
+            await ms.send(
+                WorkerHello(session=self.session_id, pid=self.pid, start_id=self.start_id)
+            )
+            with trio.move_on_after(self.timing.auth_timeout):
+                msg = await ms.receive()
+            if not isinstance(msg, Auth):
+                return
+            refusal = self._authenticate(msg, stream)
+            if refusal is not None:
+                await ms.send(
+                    Dropped(code=ErrorCode.SUPERVISOR_GENERATION_STALE, message=refusal)
+                )
+                return
+            fence = Fence(
+                Claim(
+                    generation=msg.generation, pid=msg.pid, start_id=msg.start_id, socket=msg.socket
+                ),
+                self._read_record,
+                self._read_start_id,
+            )
+            reason = fence.check()
+            if reason is not None:
+                await ms.send(
+                    Dropped(
+                        code=ErrorCode.SUPERVISOR_GENERATION_STALE,
+                        message=f"supervisor claim rejected: {reason}",
+                    )
+                )
+                return
+            conn = _Conn(ms, fence)
+            # the newest authenticated supervisor wins: revoke every older connection
+            for old in list(self.conns):
+                await self._drop(old, "superseded by a newer supervisor")
+            self.conns.append(conn)
+            self.current = conn
+            await ms.send(AuthOk(session=self.session_id, pid=self.pid))
+            async with trio.open_nursery() as handlers:
+                with conn.scope:
+                    while True:
+                        line = await ms.receive_line()
+                        if line is None:
+                            break
+                        try:
+                            from ._protocol import decode
+
+                            req = decode(line)
+                        except AgentdError as exc:
+                            await ms.send(fail(None, exc))
+                            continue
+                        if isinstance(req, Request):
+                            handlers.start_soon(self._handle, conn, req)
+                handlers.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
+            pass
+        finally:
+            for c in list(self.conns):
+                if c.ms is ms:
+                    c.dropped = True
+                    self.conns.remove(c)
+                    if self.current is c:
+                        self.current = None
+            await ms.aclose()
+
+    def _authenticate(self, msg: Auth, stream: trio.abc.Stream) -> str | None:
+        if not hmac.compare_digest(msg.token.encode(), self._token.encode()):
+            return "bad worker token"
+        if msg.socket != self.supervisor_socket:
+            return f"supervisor socket {msg.socket} is not this worker's {self.supervisor_socket}"
+        peer = self._peer_pid(stream)
+        if peer is not None and peer != msg.pid:
+            return f"peer pid {peer} is not the claimed supervisor pid {msg.pid}"
+        return None
+
+    def _valid(self, conn: _Conn) -> bool:
+        return not conn.dropped and conn is self.current and conn.fence.check() is None
+
+    async def _drop(self, conn: _Conn, reason: str) -> None:
+        if conn.dropped:
+            return
+        conn.dropped = True
+        if conn in self.conns:
+            self.conns.remove(conn)
+        if self.current is conn:
+            self.current = None
+        log.warning("dropping supervisor generation %s: %s", conn.fence.claim.generation, reason)
+        with trio.move_on_after(0.2):
+            try:
+                await conn.ms.send(
+                    Dropped(code=ErrorCode.SUPERVISOR_GENERATION_STALE, message=reason)
+                )
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        conn.scope.cancel()
+        await conn.ms.aclose()
+
+    async def _refence_loop(self) -> None:
+        while True:
+            await trio.sleep(self.timing.refence_interval)
+            for conn in list(self.conns):
+                reason = conn.fence.check()
+                if reason is not None:
+                    await self._drop(conn, f"supervisor lost its claim: {reason}")
+
+    # commands ---------------------------------------------------------------------------
+    async def _respond(self, conn: _Conn, msg: Any) -> None:
+        if conn.dropped:
+            return
+        try:
+            await conn.ms.send(msg)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _handle(self, conn: _Conn, req: Request) -> None:
+        if not self._valid(conn):
+            await self._drop(conn, "supervisor claim no longer valid")
+            return
+        match req.op:
+            case "prompt":
+                await self._prompt(conn, req)
+            case "ping" | "status":
+                await self._respond(conn, ok(req.id, self.status()))
+            case "stop":
+                await self._respond(conn, ok(req.id, {"stopping": True}))
+                self.stop_requested.set()
+            case _:
+                await self._respond(
+                    conn, fail(req.id, AgentdError(ErrorCode.UNKNOWN_OP, f"unknown op {req.op!r}"))
+                )
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "session": self.session_id,
+            "pid": self.pid,
+            "turns": self.turns,
+            "busy": bool(self._running),
+        }
+
+    async def _prompt(self, conn: _Conn, req: Request) -> None:
+        # the journal key is the client's (client_id, command id); req.id is per link
+        command_id = req.args.get("command_id", req.id)
+        if not isinstance(command_id, (str, int)):
+            command_id = str(command_id)
+        k = _journal.key_of(req.client_id, command_id)
+        if self.journal is not None:
+            if k in self.journal.state.completed:
+                await self._respond(conn, ok(req.id, self.journal.state.completed[k]))
+                return
+            if k in self.journal.state.interrupted:
+                await self._respond(conn, fail(req.id, interrupted_error(k)))
+                return
+        running = self._running.get(k)
+        if running is None:
+            text = req.args.get("text")
+            if not isinstance(text, str):
+                await self._respond(
+                    conn, fail(req.id, AgentdError(ErrorCode.BAD_REQUEST, "prompt needs text"))
+                )
+                return
+            await self._turn.acquire()
+            # a pending command of a connection that lost its claim (or was superseded by a
+            # newer supervisor) while it waited must not run
+            if not self._valid(conn):
+                self._turn.release()
+                await self._drop(conn, "supervisor claim no longer valid")
+                return
+            running = self._running.get(k)
+            if running is None:
+                running = _Running(conn, req.id)
+                self._running[k] = running
+                if self.journal is not None:
+                    self.journal.append(
+                        _journal.accepted(req.client_id, command_id, "prompt", req.args)
+                    )
+                assert self._nursery is not None
+                self._nursery.start_soon(self._execute, k, text, running)
+            else:
+                self._turn.release()
+        running.listener = conn
+        running.request_id = req.id
+        await running.done.wait()
+        if running.error is not None:
+            await self._respond(conn, fail(req.id, running.error))
+        else:
+            await self._respond(conn, ok(req.id, running.result))
+
+    async def _execute(
+        self, k: _journal.Key, text: str, running: _Running, *, replay: bool = False
+    ) -> None:
+        """Run one accepted command to completion. The caller holds ``self._turn``."""
+        try:
+            turn = self.turns + 1
+            ctx = TurnContext(
+                session_id=self.session_id,
+                turn=turn,
+                cwd=self.cwd,
+                session_dir=self.transcript.dir if self.transcript else self.cwd,
+            )
+            chunks: list[str] = []
+            try:
+                async for chunk in self.agent.turn(text, ctx):
+                    chunks.append(chunk)
+                    listener = running.listener
+                    if listener is not None and not listener.dropped:
+                        await self._respond(
+                            listener,
+                            Event(id=running.request_id, event={"kind": "chunk", "text": chunk}),
+                        )
+            except Exception as exc:
+                log.exception("agent failed on turn %s", turn)
+                running.error = AgentdError(ErrorCode.INTERNAL, f"agent failed: {exc}")
+                if self.journal is not None:
+                    self.journal.append(_journal.interrupted(k[0], k[1]))
+                return
+            reply = "".join(chunks)
+            result = {"session": self.session_id, "turn": turn, "reply": reply}
+            if self.transcript is not None:
+                self.transcript.append(
+                    {"kind": "turn", "turn": turn, "prompt": text, "reply": reply,
+                     "client_id": k[0], "id": k[1], "replayed": replay}
+                )
+            else:
+                self._memory_turns = turn
+            if self.journal is not None:
+                self.journal.append(_journal.completed(k[0], k[1], result))
+                self.journal.maybe_compact()
+            self.turns_run += 1
+            running.result = result
+        finally:
+            self._running.pop(k, None)
+            running.done.set()
+            self._turn.release()
+
+
+def interrupted_error(k: _journal.Key) -> AgentdError:
+    return AgentdError(
+        ErrorCode.COMMAND_INTERRUPTED,
+        f"command {k[1]} of client {k[0] or '?'} was interrupted by a worker restart and its"
+        " agent cannot replay it — send it again if you want it run",
+        {"client_id": k[0], "id": k[1]},
+    )
+
+
+# --- the process shell ---------------------------------------------------------------------
+
+
+def _so_peercred_pid(stream: trio.abc.Stream) -> int | None:
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return None
+    try:
+        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    pid, uid, _gid = struct.unpack("3i", creds)
+    if uid != os.getuid():
+        return -1
+    return int(pid)
+
+
+async def run_worker(
+    config: WorkerConfig,
+    timing: Timing = DEFAULT_TIMING,
+    on_ready: Callable[[], None] = lambda: None,
+) -> None:
+    """The worker process's main: bind the private socket, serve until stopped or signalled."""
+    from ._fs import read_bytes
+
+    registry = Path(config.registry)
+    agent = load_agent(config.agent)
+    journal = Journal(Path(config.journal))
+    transcript = Transcript(Path(config.session_dir))
+    core = WorkerCore(
+        session_id=config.session_id,
+        agent=agent,
+        token=config.token,
+        supervisor_socket=config.supervisor_socket,
+        read_record=lambda g: read_bytes(registry / f"{g}.owner" / "owner.json"),
+        journal=journal,
+        transcript=transcript,
+        cwd=Path(config.cwd),
+        timing=timing,
+        peer_pid=_so_peercred_pid,
+    )
+    path = config.worker_socket
+    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    old_umask = os.umask(0o177)
+    try:
+        await sock.bind(path)
+    finally:
+        os.umask(old_umask)
+    sock.listen(128)
+    bound_ino = os.stat(path).st_ino
+    listener = trio.SocketListener(sock)
+    on_ready()
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                async for _ in signals:
+                    core.stop_requested.set()
+
+            async def accept() -> None:
+                while True:
+                    stream = await listener.accept()
+                    nursery.start_soon(core.serve_connection, stream)
+
+            nursery.start_soon(on_signal)
+            nursery.start_soon(accept)
+            await core.serve()
+            nursery.cancel_scope.cancel()
+    try:
+        if os.stat(path).st_ino == bound_ino:
+            os.unlink(path)
+    except OSError:
+        pass
+    journal.close()
+
+
+def main() -> None:
+    """``python -m trio_agentd.worker``: config on stdin, then wait for the start gate."""
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s",
+    )
+    config_line = sys.stdin.readline()
+    if not config_line:
+        sys.exit("trio-agentd worker: no config on stdin (workers are started by the supervisor)")
+    config = WorkerConfig.from_json(config_line)
+    gate = sys.stdin.readline().strip()
+    if gate != "go":
+        sys.exit(0)  # the supervisor died or gave up before opening the gate
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        os.chdir(config.cwd)
+    except OSError:
+        pass
+    trio.run(run_worker, config, DEFAULT_TIMING, _signal_ready)
+
+
+def _signal_ready() -> None:
+    """Tell the supervisor (reading our stdout pipe) that the socket listens; then let go."""
+    try:
+        os.write(1, b"ready\n")
+    except OSError:
+        pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)

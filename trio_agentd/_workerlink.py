@@ -1,0 +1,156 @@
+"""The supervisor's side of one authenticated worker connection.
+
+A reader task routes each response (and the events before it) to the call that sent the request;
+calls are multiplexed by a link-local request id. When the link drops, every pending call fails
+with :class:`WorkerDropped` so the caller can reconnect and resend the *same* command id (the
+worker's journal makes the resend safe).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket as _socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from ._errors import AgentdError, ErrorCode
+from ._protocol import Auth, AuthOk, Dropped, Event, Request, Response, WorkerHello
+from ._stream import MessageStream
+
+log = logging.getLogger("trio_agentd.supervisor")
+
+EventSink = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class WorkerDropped(Exception):
+    """The link to a worker broke before the response arrived."""
+
+
+class WorkerLink:
+    def __init__(self, ms: MessageStream, hello: WorkerHello) -> None:
+        self.ms = ms
+        self.hello = hello
+        self._ids = itertools.count(1)
+        self._pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
+        self.closed = trio.Event()
+        self.drop_reason: str | None = None
+
+    async def run_reader(self) -> None:
+        """Route messages until the link ends; then fail every pending call."""
+        try:
+            while True:
+                msg = await self.ms.receive()
+                if msg is None:
+                    break
+                if isinstance(msg, Response | Event):
+                    rid = msg.id
+                    chan = self._pending.get(rid) if isinstance(rid, int) else None
+                    if chan is not None:
+                        try:
+                            chan.send_nowait(msg)
+                        except (trio.WouldBlock, trio.BrokenResourceError):
+                            pass
+                elif isinstance(msg, Dropped):
+                    self.drop_reason = msg.message
+                    log.warning("worker %s dropped us: %s", self.hello.session, msg.message)
+                    break
+        except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
+            pass
+        finally:
+            self.closed.set()
+            for chan in self._pending.values():
+                chan.close()
+            self._pending.clear()
+            await self.ms.aclose()
+
+    async def call(
+        self, op: str, args: dict[str, Any], *, client_id: str, on_event: EventSink | None = None
+    ) -> Response:
+        """Send one request and wait for its response, relaying its events.
+
+        Raises:
+            WorkerDropped: the link ended first.
+
+        Cancellation: the request may still run in the worker (it is journalled there).
+        """
+        if self.closed.is_set():
+            raise WorkerDropped(self.drop_reason or "link closed")
+        rid = next(self._ids)
+        send, recv = trio.open_memory_channel[Response | Event](256)
+        self._pending[rid] = send
+        try:
+            try:
+                await self.ms.send(Request(id=rid, op=op, client_id=client_id, args=args))
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise WorkerDropped(str(exc)) from None
+            async for msg in recv:
+                if isinstance(msg, Response):
+                    return msg
+                if on_event is not None:
+                    await on_event(msg.event)
+            raise WorkerDropped(self.drop_reason or "worker connection closed")
+        finally:
+            self._pending.pop(rid, None)
+
+    async def aclose(self) -> None:
+        await self.ms.aclose()
+
+
+async def open_worker_link(
+    path: str,
+    *,
+    token: str,
+    generation: str,
+    pid: int,
+    start_id: str | None,
+    socket: str,
+    timeout: float,
+) -> WorkerLink:
+    """Connect to a worker's private socket and authenticate within ``timeout``.
+
+    Raises:
+        AgentdError: ``worker_unavailable`` naming why.
+    """
+    ms: MessageStream | None = None
+    try:
+        with trio.fail_after(timeout):
+            sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            try:
+                await sock.connect(path)
+            except BaseException:
+                sock.close()
+                raise
+            ms = MessageStream(trio.SocketStream(sock))
+            hello = await ms.receive()
+            if not isinstance(hello, WorkerHello):
+                raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "worker sent no hello")
+            await ms.send(
+                Auth(token=token, generation=generation, pid=pid, start_id=start_id, socket=socket)
+            )
+            reply = await ms.receive()
+            if isinstance(reply, Dropped):
+                raise AgentdError(
+                    ErrorCode.WORKER_UNAVAILABLE, f"worker refused us: {reply.message}"
+                )
+            if not isinstance(reply, AuthOk):
+                raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "worker did not confirm auth")
+            return WorkerLink(ms, hello)
+    except trio.TooSlowError:
+        if ms is not None:
+            await ms.aclose()
+        raise AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE, f"worker at {path} did not answer within {timeout}s"
+        ) from None
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        if ms is not None:
+            await ms.aclose()
+        raise AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
+        ) from None
+    except AgentdError:
+        if ms is not None:
+            await ms.aclose()
+        raise

@@ -1,0 +1,6 @@
+"""Agents: what a worker hosts (SPEC §8). ``load_agent(spec)`` turns a spec into an agent."""
+
+from ._base import Agent as Agent
+from ._base import TurnContext as TurnContext
+from ._base import load_agent as load_agent
+from ._echo import EchoAgent as EchoAgent

@@ -1,0 +1,14 @@
+"""The default agent: offline, deterministic, replayable."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from ._base import TurnContext
+
+
+class EchoAgent:
+    replayable = True
+
+    async def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
+        yield f"[echo turn {ctx.turn}] {prompt}"

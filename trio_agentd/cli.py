@@ -1,0 +1,286 @@
+"""The ``trio-agentd`` command line: the only place that calls ``trio.run`` and picks exit codes.
+
+Exit codes: 0 success, 1 failure, 2 usage error, 3 ``doctor`` found a problem it did not fix.
+The warm path (``trio-agentd -p TEXT`` with a daemon running) uses the blocking client and never
+imports trio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ._errors import AgentdError, ErrorCode
+from ._paths import Layout
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DOCTOR = 0, 1, 2, 3
+
+_GLOBAL_WITH_VALUE = {"--socket", "--daemon-socket", "--home"}
+
+
+def _rewrite(argv: list[str]) -> list[str]:
+    """Map the seed CLI's spellings onto subcommands: ``-p`` → prompt, ``--mode daemon``."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in _GLOBAL_WITH_VALUE and i + 1 < len(argv):
+            out += [tok, argv[i + 1]]
+            i += 2
+            continue
+        if tok == "-p":
+            return [*out, "prompt", *argv[i + 1 :]]
+        if tok == "--mode" and i + 1 < len(argv):
+            if argv[i + 1] != "daemon":
+                raise SystemExit(f"trio-agentd: error: unknown --mode {argv[i + 1]!r}")
+            return [*out, "daemon", *argv[i + 2 :]]
+        if tok.startswith("--mode="):
+            return [*out, "daemon", *argv[i + 1 :]]
+        if not tok.startswith("-"):
+            return argv
+        out.append(tok)
+        i += 1
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trio-agentd", description="Long-lived agent sessions that survive anything."
+    )
+    p.add_argument("--socket", "--daemon-socket", dest="socket", help="supervisor socket path")
+    p.add_argument("--home", help="state directory (default: platform state dir)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    d = sub.add_parser("daemon", help="run the supervisor in the foreground")
+    d.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
+
+    pr = sub.add_parser("prompt", help="send a prompt to a session (also: -p)")
+    pr.add_argument("-s", "--session", default="default")
+    pr.add_argument("--agent", default=None, help="agent for a new session (default: echo)")
+    pr.add_argument("--json", action="store_true", help="print the result as JSON")
+    pr.add_argument("text", nargs=argparse.REMAINDER)
+
+    s = sub.add_parser("sessions", help="list sessions")
+    s.add_argument("--json", action="store_true")
+
+    k = sub.add_parser("kill", help="stop a session's worker and forget the session")
+    k.add_argument("session")
+    r = sub.add_parser("retry", help="re-arm a session marked failed")
+    r.add_argument("session")
+
+    sd = sub.add_parser("shutdown", help="stop the supervisor and its workers")
+    sd.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    sys.exit(run(list(sys.argv[1:] if argv is None else argv)))
+
+
+def run(argv: list[str]) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(_rewrite(argv))
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        return EXIT_USAGE
+    try:
+        layout = Layout.resolve(socket=args.socket, home=args.home)
+        match args.command:
+            case "daemon":
+                return _cmd_daemon(layout, args)
+            case "prompt":
+                return _cmd_prompt(layout, args)
+            case "sessions":
+                return _cmd_sessions(layout, args)
+            case "kill":
+                _client(layout).request("kill_session", {"session": args.session})
+                print(f"killed session {args.session}")
+                return EXIT_OK
+            case "retry":
+                _client(layout).request("retry_session", {"session": args.session})
+                print(f"re-armed session {args.session}")
+                return EXIT_OK
+            case "shutdown":
+                return _cmd_shutdown(layout, args)
+    except AgentdError as exc:
+        _error(exc.message)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_USAGE
+
+
+def _error(message: str) -> None:
+    print(f"trio-agentd: error: {message}", file=sys.stderr)
+
+
+def _client(layout: Layout, *, autostart: bool = True) -> Any:
+    from ._syncclient import SyncClient
+
+    client = SyncClient(layout, autostart=autostart)
+    client.connect()
+    return client
+
+
+def _cmd_prompt(layout: Layout, args: argparse.Namespace) -> int:
+    words = list(args.text)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        _error("prompt needs TEXT — e.g. trio-agentd -p hello")
+        return EXIT_USAGE
+    text = " ".join(words)
+    client = _client(layout)
+    out = sys.stdout
+    printed: list[str] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if args.json:
+            return
+        chunk = str(event.get("text", ""))
+        printed.append(chunk)
+        out.write(chunk)
+        out.flush()
+
+    result = client.request(
+        "prompt",
+        {"session": args.session, "text": text, "agent": args.agent, "cwd": os.getcwd()},
+        on_event=on_event,
+    )
+    client.close()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        if not printed and isinstance(result, dict):
+            out.write(str(result.get("reply", "")))
+        out.write("\n")
+    return EXIT_OK
+
+
+def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:
+    client = _client(layout)
+    rows = client.request("sessions")
+    client.close()
+    if args.json:
+        print(json.dumps(rows))
+        return EXIT_OK
+    if not rows:
+        print("no sessions")
+        return EXIT_OK
+    headers = ["SESSION", "AGENT", "STATE", "PID", "RESTARTS", "TURNS", "IDLE"]
+    table = [
+        [r["session"], r["agent"], r["state"], str(r["pid"] or "-"), str(r["restarts"]),
+         str(r["turns"]), f"{r['idle_s']:.0f}s"]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
+    for row in [headers, *table]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
+    from ._identity import is_alive
+
+    client = _client_or_none(layout)
+    if client is None:
+        if args.json:
+            print(json.dumps([]))
+        else:
+            print(f"no supervisor running on {layout.socket}")
+        return EXIT_OK
+    hello = client.hello
+    result = client.request("shutdown", {"stop_workers": True})
+    client.close()
+    pid, start_id = int(hello["pid"]), hello.get("start_id")
+    import time
+
+    deadline = time.monotonic() + 20
+    while is_alive(pid, start_id) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stopped = not is_alive(pid, start_id)
+    entry = {"socket": layout.socket, "pid": pid, "generation": result.get("generation"),
+             "stopped": stopped}
+    if args.json:
+        print(json.dumps([entry]))
+    elif stopped:
+        print(f"stopped supervisor pid {pid} on {layout.socket} and its workers")
+    else:
+        _error(f"supervisor pid {pid} did not exit within 20s — try `trio-agentd doctor --fix`")
+    return EXIT_OK if stopped else EXIT_FAIL
+
+
+def _client_or_none(layout: Layout) -> Any:
+    from ._syncclient import SyncClient
+
+    client = SyncClient(layout, autostart=False)
+    try:
+        client.connect()
+    except AgentdError as exc:
+        if exc.code == ErrorCode.DAEMON_UNAVAILABLE and "no supervisor" in exc.message:
+            return None
+        raise
+    return client
+
+
+def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
+    import logging
+
+    import trio
+
+    from ._supervisor import Supervisor, SupervisorConfig
+
+    layout.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _setup_logging(layout, verbose=args.verbose)
+    log = logging.getLogger("trio_agentd.supervisor")
+    config = SupervisorConfig(
+        socket=layout.socket, home=str(layout.home), registry=str(layout.registry)
+    )
+    try:
+        trio.run(Supervisor(config).serve)
+    except AgentdError as exc:
+        if exc.code == ErrorCode.ALREADY_RUNNING and args.autostarted:
+            log.info("autostart lost the race: %s", exc.message)
+            return EXIT_OK
+        log.error("%s", exc.message)
+        if not _stderr_is_log(layout):
+            _error(exc.message)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def _stderr_is_log(layout: Layout) -> bool:
+    try:
+        a, b = os.fstat(2), os.stat(layout.log_path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _setup_logging(layout: Layout, *, verbose: bool) -> None:
+    import logging
+
+    path = layout.log_path
+    try:
+        if path.stat().st_size > 8 * 1024 * 1024:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except OSError:
+        pass
+    fmt = logging.Formatter("%(asctime)s supervisor[%(process)d] %(levelname)s %(message)s")
+    root = logging.getLogger("trio_agentd")
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    fh = logging.FileHandler(path)
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    if not _stderr_is_log(layout):
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(fmt)
+        root.addHandler(sh)

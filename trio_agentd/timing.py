@@ -1,0 +1,42 @@
+"""Every timing constant of SPEC §6, in one frozen dataclass that tests replace.
+
+Code never reads a bare number for a timeout or a period: it takes a :class:`Timing` (usually
+:data:`DEFAULT_TIMING`) so a MockClock test can assert the exact virtual time of every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """The schedule of the supervisor, its workers and its clients, in seconds."""
+
+    refence_interval: float = 0.25
+    self_check_interval: float = 0.25
+    worker_connect_timeout: float = 30.0
+    adopt_connect_timeout: float = 2.0
+    worker_retry_delays: tuple[float, ...] = field(default=(0.25, 1.0, 5.0))
+    deferred_recovery_recheck: float = 5.0
+    max_deferred_recovery_rounds: int = 10
+    stop_grace: float = 5.0
+    kill_confirm_timeout: float = 2.0
+    restart_intensity: int = 5
+    restart_window: float = 60.0
+    idle_eviction: float = 90 * 60.0
+    idle_sweep_period: float = 60.0
+    # client side
+    startup_timeout: float = 30.0
+    probe_interval: float = 0.025
+    hello_timeout: float = 1.5
+    connect_timeout: float = 0.3
+    # worker auth: how long a freshly accepted worker connection may take to authenticate
+    auth_timeout: float = 2.0
+    # how long a supervisor waits for a held shutdown admission before giving up on startup
+    admission_wait: float = 30.0
+    admission_poll: float = 0.05
+    lock_poll: float = 0.005
+
+
+DEFAULT_TIMING = Timing()
