@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from ._errors import AgentdError, ErrorCode
-from ._paths import Layout
+from ._paths import Layout, check_socket_path
 from ._protocol import PROTOCOL_VERSION, Event, Hello, Request, Response, error_of
 from ._stream import MessageStream
 from .timing import DEFAULT_TIMING, Timing
@@ -176,6 +176,7 @@ async def open_client(
     Cancellation: the connection is closed; a supervisor autostarted for us keeps running.
     """
     layout = Layout.resolve(socket=socket, home=home, registry=registry)
+    check_socket_path(layout.socket)
     got = await _probe(layout, timing)
     if got is None and autostart:
         from ._autostart import spawn_daemon, startup_failed, startup_timeout

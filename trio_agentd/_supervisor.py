@@ -368,6 +368,7 @@ class Supervisor:
         )
 
     async def _serve_client(self, stream: trio.SocketStream) -> None:
+        """Serve one client connection. Nothing a client sends or does can escape from here."""
         ms = MessageStream(stream)
         try:
             uid = _peer_uid(stream)
@@ -378,33 +379,51 @@ class Supervisor:
                 return
             await ms.send(self.hello())
             async with trio.open_nursery() as requests:
-                while True:
-                    try:
-                        line = await ms.receive_line()
-                    except FrameTooLarge as exc:
-                        with trio.move_on_after(1):
-                            await ms.send(fail(None, exc))
-                        break
-                    if line is None:
-                        break
-                    try:
-                        msg = decode(line)
-                    except AgentdError as exc:
-                        await ms.send(fail(_guess_id(line), exc))
-                        continue
-                    if not isinstance(msg, Request):
-                        await ms.send(fail(None, AgentdError(
-                            ErrorCode.BAD_REQUEST, f"expected a request, got {type(msg).__name__}")))
-                        continue
-                    requests.start_soon(self._dispatch, ms, msg)
+                await self._read_requests(ms, requests)
                 # the client half-closed or broke: let its requests finish, bounded
                 with trio.move_on_after(self.timing.stop_grace):
                     await _wait_children_done(requests)
                 requests.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except Exception:
+            log.exception("client connection failed")
         finally:
             await ms.aclose()
+
+    async def _read_requests(self, ms: MessageStream, requests: trio.Nursery) -> None:
+        while True:
+            try:
+                line = await ms.receive_line()
+            except FrameTooLarge as exc:
+                with trio.move_on_after(1), contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError
+                ):
+                    await ms.send(fail(None, exc))
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if line is None:
+                return
+            try:
+                msg = decode(line)
+            except AgentdError as exc:
+                msg = None
+                error = exc
+            else:
+                error = None
+                if not isinstance(msg, Request):
+                    error = AgentdError(
+                        ErrorCode.BAD_REQUEST, f"expected a request, got {type(msg).__name__}"
+                    )
+            if error is not None or not isinstance(msg, Request):
+                try:
+                    await ms.send(fail(_guess_id(line), error or AgentdError(
+                        ErrorCode.BAD_REQUEST, "expected a request")))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                continue
+            requests.start_soon(self._dispatch, ms, msg)
 
     async def _dispatch(self, ms: MessageStream, req: Request) -> None:
         self.commands += 1

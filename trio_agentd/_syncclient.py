@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import AgentdError, ErrorCode
-from ._paths import Layout
+from ._paths import Layout, check_socket_path
 from ._version import PROTOCOL_VERSION
 from .timing import DEFAULT_TIMING, Timing
 
@@ -113,6 +113,7 @@ class SyncClient:
         self.hello: dict[str, Any] = {}
 
     def connect(self) -> dict[str, Any]:
+        check_socket_path(self.layout.socket)
         got = probe(self.layout, self.timing)
         if got is None and self.autostart:
             got = self._autostart()

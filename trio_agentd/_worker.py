@@ -45,6 +45,7 @@ from ._protocol import (
     Event,
     Request,
     WorkerHello,
+    decode,
     fail,
     ok,
 )
@@ -263,22 +264,12 @@ class WorkerCore:
             await ms.send(AuthOk(session=self.session_id, pid=self.pid))
             async with trio.open_nursery() as handlers:
                 with conn.scope:
-                    while True:
-                        line = await ms.receive_line()
-                        if line is None:
-                            break
-                        try:
-                            from ._protocol import decode
-
-                            req = decode(line)
-                        except AgentdError as exc:
-                            await ms.send(fail(None, exc))
-                            continue
-                        if isinstance(req, Request):
-                            handlers.start_soon(self._handle, conn, req)
+                    await self._read_commands(conn, handlers)
                 handlers.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
             pass
+        except Exception:
+            log.exception("supervisor connection failed")
         finally:
             for c in list(self.conns):
                 if c.ms is ms:
@@ -287,6 +278,22 @@ class WorkerCore:
                     if self.current is c:
                         self.current = None
             await ms.aclose()
+
+    async def _read_commands(self, conn: _Conn, handlers: trio.Nursery) -> None:
+        while True:
+            try:
+                line = await conn.ms.receive_line()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
+                return
+            if line is None:
+                return
+            try:
+                req = decode(line)
+            except AgentdError as exc:
+                await self._respond(conn, fail(None, exc))
+                continue
+            if isinstance(req, Request):
+                handlers.start_soon(self._handle, conn, req)
 
     def _authenticate(self, msg: Auth, stream: trio.abc.Stream) -> str | None:
         if not hmac.compare_digest(msg.token.encode(), self._token.encode()):
@@ -568,7 +575,9 @@ def main() -> None:
         os.chdir(config.cwd)
     except OSError:
         pass
-    trio.run(run_worker, config, DEFAULT_TIMING, _signal_ready)
+    from .timing import timing_from_env
+
+    trio.run(run_worker, config, timing_from_env(), _signal_ready)
 
 
 def _signal_ready() -> None:

@@ -113,6 +113,10 @@ def run(argv: list[str]) -> int:
     except AgentdError as exc:
         _error(exc.message)
         return EXIT_FAIL
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        _error(f"{exc.strerror or exc}{where} — check the path and its permissions")
+        return EXIT_FAIL
     except KeyboardInterrupt:
         return 130
     return EXIT_USAGE
@@ -241,8 +245,15 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
     layout.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     _setup_logging(layout, verbose=args.verbose)
     log = logging.getLogger("trio_agentd.supervisor")
+    from .timing import timing_from_env
+
+    try:
+        timing = timing_from_env()
+    except ValueError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
     config = SupervisorConfig(
-        socket=layout.socket, home=str(layout.home), registry=str(layout.registry)
+        socket=layout.socket, home=str(layout.home), registry=str(layout.registry), timing=timing
     )
     try:
         trio.run(Supervisor(config).serve)

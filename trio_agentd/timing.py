@@ -40,3 +40,32 @@ class Timing:
 
 
 DEFAULT_TIMING = Timing()
+
+
+def timing_from_env(base: Timing = DEFAULT_TIMING) -> Timing:
+    """``base`` with overrides from ``TRIO_AGENTD_TIMING`` (a JSON object of field: seconds).
+
+    For operators and end-to-end tests, e.g. ``TRIO_AGENTD_TIMING='{"self_check_interval": 60}'``.
+    Unknown fields or bad values raise ``ValueError`` naming them.
+    """
+    import os
+
+    raw = os.environ.get("TRIO_AGENTD_TIMING")
+    if not raw:
+        return base
+    import dataclasses
+    import json
+
+    try:
+        overrides = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"TRIO_AGENTD_TIMING is not JSON: {exc}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError("TRIO_AGENTD_TIMING must be a JSON object")
+    names = {f.name for f in dataclasses.fields(Timing)}
+    unknown = set(overrides) - names
+    if unknown:
+        raise ValueError(f"TRIO_AGENTD_TIMING has unknown fields: {sorted(unknown)}")
+    if "worker_retry_delays" in overrides:
+        overrides["worker_retry_delays"] = tuple(overrides["worker_retry_delays"])
+    return dataclasses.replace(base, **overrides)

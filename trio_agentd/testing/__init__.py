@@ -1,0 +1,111 @@
+"""Fakes for running trio-agentd's logic on ``trio.testing.MockClock``.
+
+Our own component tests use these, and users may too: everything here waits only inside trio
+(memory streams, dictionaries), so ``autojump_clock`` never skips a real wait.
+
+Example::
+
+    async def test_worker_drops_stale_supervisor(autojump_clock):
+        registry = MemoryRegistry()
+        record = registry.add_owner(generation="g1", pid=100, socket="/s")
+        core = make_worker_core(registry, supervisor_socket="/s")
+        ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from .._ownership import RECORD_VERSION, OwnerRecord, Phase
+from .._worker import WorkerCore
+from ..agents import Agent, EchoAgent
+from ..timing import DEFAULT_TIMING, Timing
+
+__all__ = ["MemoryRegistry", "make_owner_record", "make_worker_core", "memory_stream_pair"]
+
+memory_stream_pair = trio.testing.memory_stream_pair
+
+
+def make_owner_record(
+    *, generation: str, pid: int, start_id: str | None = "boot:1", socket: str = "/run/s.sock",
+    token: str = "t0k3n",
+) -> OwnerRecord:
+    return OwnerRecord(
+        version=RECORD_VERSION,
+        generation=generation,
+        token=token,
+        pid=pid,
+        start_id=start_id,
+        socket=socket,
+        home="/home/x/.local/state/trio-agentd",
+        state_dir="/home/x/.local/state/trio-agentd/daemons/abc",
+        app_version="test",
+        protocol=1,
+        phase=Phase.OWNER,
+        created_at="2026-01-01T00:00:00Z",
+        updated_at="2026-01-01T00:00:00Z",
+    )
+
+
+class MemoryRegistry:
+    """Owner records and process start ids held in dictionaries, with read counters."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, bytes] = {}
+        self.start_ids: dict[int, str] = {}
+        self.record_reads = 0
+        self.start_id_reads = 0
+
+    def add_owner(self, **kwargs: object) -> OwnerRecord:
+        rec = make_owner_record(**kwargs)  # type: ignore[arg-type]
+        self.records[rec.generation] = rec.to_json()
+        if rec.start_id is not None:
+            self.start_ids[rec.pid] = rec.start_id
+        return rec
+
+    def replace(self, rec: OwnerRecord, **changes: object) -> OwnerRecord:
+        new = dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
+        self.records[rec.generation] = new.to_json()
+        return new
+
+    def delete(self, generation: str) -> None:
+        self.records.pop(generation, None)
+
+    def read_record(self, generation: str) -> bytes | None:
+        self.record_reads += 1
+        return self.records.get(generation)
+
+    def read_start_id(self, pid: int) -> str | None:
+        self.start_id_reads += 1
+        return self.start_ids.get(pid)
+
+
+def make_worker_core(
+    registry: MemoryRegistry,
+    *,
+    supervisor_socket: str = "/run/s.sock",
+    session_id: str = "s1",
+    token: str = "worker-token",
+    agent: Agent | None = None,
+    timing: Timing = DEFAULT_TIMING,
+    cwd: Path = Path("/"),
+) -> WorkerCore:
+    """A worker core with no files: in-memory registry, no journal or transcript."""
+    return WorkerCore(
+        session_id=session_id,
+        agent=agent or EchoAgent(),
+        token=token,
+        supervisor_socket=supervisor_socket,
+        read_record=registry.read_record,
+        read_start_id=registry.read_start_id,
+        journal=None,
+        transcript=None,
+        cwd=cwd,
+        timing=timing,
+        pid=4242,
+        start_id="boot:4242",
+    )
