@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,7 +136,8 @@ class WorkerHandle:
             timing = self.sup.timing
             if self.alive() and self.token is not None:
                 try:
-                    return await self._connect(timing.adopt_connect_timeout)
+                    with _fail_after(timing.adopt_connect_timeout, "reconnect to the worker"):
+                        return await self._connect()
                 except AgentdError as exc:
                     log.warning("session %s: worker %s unreachable (%s); replacing it",
                                 self.session_id, self.pid, exc)
@@ -143,9 +145,10 @@ class WorkerHandle:
             if self.pid is not None and self.state not in ("stopped", "evicted"):
                 self.restarts += 1
             await self._spawn()
-            return await self._connect(timing.worker_connect_timeout)
+            with _fail_after(timing.worker_connect_timeout, "connect to the new worker"):
+                return await self._connect()
 
-    async def _connect(self, timeout: float) -> WorkerLink:
+    async def _connect(self) -> WorkerLink:
         assert self.token is not None
         sup = self.sup
         own = sup.ownership.record
@@ -156,7 +159,6 @@ class WorkerHandle:
             pid=own.pid,
             start_id=own.start_id,
             socket=sup.layout.socket,
-            timeout=timeout,
         )
         if link.hello.pid != self.pid:
             await link.aclose()
@@ -189,7 +191,7 @@ class WorkerHandle:
             worker_socket=L.worker_socket(self.session_id),
             journal=str(L.journal_path(self.session_id)),
             session_dir=str(session_dir),
-            cwd=self.cwd if os.path.isdir(self.cwd) else str(session_dir),
+            cwd=self.cwd if _is_dir(self.cwd) else str(session_dir),
         )
         log_fd = os.open(session_dir / "worker.log",
                          os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -207,7 +209,8 @@ class WorkerHandle:
         self.process = proc
         self.pid = proc.pid
         self.start_id = read_start_id(proc.pid)
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout is not None
         ready = False
         try:
             await proc.stdin.send_all(config.to_json().encode() + b"\n")
@@ -275,22 +278,20 @@ class WorkerHandle:
                 with trio.move_on_after(self.sup.timing.stop_grace):
                     with contextlib.suppress(WorkerDropped, AgentdError):
                         await link.call("stop", {}, client_id="supervisor")
-                    await self._wait_exit(self.sup.timing.stop_grace)
+                    await self._wait_exit()
             self.link = None
             await self.stop_process()
             self.state = "stopped"
             with contextlib.suppress(OSError):
                 self.write_descriptor()
 
-    async def _wait_exit(self, timeout: float) -> bool:
-        with trio.move_on_after(timeout):
-            while self.alive():
-                if self.process is not None:
-                    await self.process.wait()
-                else:
-                    await trio.sleep(0.01)
-            return True
-        return not self.alive()
+    async def _wait_exit(self) -> None:
+        """Wait until the worker process is gone (the caller bounds the wait)."""
+        while self.alive():
+            if self.process is not None:
+                await self.process.wait()
+            else:
+                await _wait_pid_exit(self.pid)
 
     async def stop_process(self) -> None:
         """TERM the worker's process group, grace, KILL, confirm exit; identity-checked."""
@@ -299,10 +300,47 @@ class WorkerHandle:
         timing = self.sup.timing
         with trio.CancelScope(shield=True):
             signal_group_identity_checked(self.pid, self.pid, self.start_id, signal.SIGTERM)
-            if await self._wait_exit(timing.stop_grace):
+            with trio.move_on_after(timing.stop_grace):
+                await self._wait_exit()
+            if not self.alive():
                 return
             signal_group_identity_checked(self.pid, self.pid, self.start_id, signal.SIGKILL)
-            await self._wait_exit(timing.kill_confirm_timeout)
+            with trio.move_on_after(timing.kill_confirm_timeout):
+                await self._wait_exit()
+
+
+def _is_dir(path: str) -> bool:
+    return os.path.isdir(path)
+
+
+@contextlib.contextmanager
+def _fail_after(seconds: float, what: str) -> Iterator[None]:
+    """``trio.fail_after`` that raises our ``worker_unavailable`` instead of TooSlowError."""
+    try:
+        with trio.fail_after(seconds):
+            yield
+    except trio.TooSlowError:
+        raise AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE, f"could not {what} within {seconds:g}s"
+        ) from None
+
+
+async def _wait_pid_exit(pid: int | None) -> None:
+    """Wait for a process that is not our child to exit: a pidfd where there is one."""
+    if pid is None:
+        return
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        await trio.sleep(0.01)
+        return
+    try:
+        fd = pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
 
 
 def _tail(path: Path, lines: int = 5) -> str:

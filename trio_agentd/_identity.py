@@ -143,7 +143,9 @@ def signal_identity_checked(pid: int, start_id: str | None, sig: int) -> bool:
     return True
 
 
-def signal_group_identity_checked(pgid: int, leader_pid: int, start_id: str | None, sig: int) -> bool:
+def signal_group_identity_checked(
+    pgid: int, leader_pid: int, start_id: str | None, sig: int
+) -> bool:
     """Signal a process group whose leader is the incarnation ``(leader_pid, start_id)``.
 
     The group is signalled only while its leader still has the recorded identity; if the leader

@@ -85,7 +85,7 @@ def compacted(state: JournalState, keep_completed: int) -> bytes:
     """The journal rewritten: pending commands plus the newest ``keep_completed`` results."""
     out = bytearray()
     done = list(state.completed.items())[-keep_completed:]
-    for k, rec in state.pending():
+    for _k, rec in state.pending():
         out += _line(rec)
     for k, result in done:
         rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})

@@ -6,6 +6,7 @@ trio so the CLI's warm path can import it cheaply.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -173,10 +174,8 @@ def ensure_private_dir(path: str, *, create: bool = True) -> None:
                 ErrorCode.CONFIG, f"socket directory {path} does not exist — create it (mode 0700)"
             ) from None
         os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
         st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise AgentdError(ErrorCode.CONFIG, f"socket directory {path} is not a directory")

@@ -12,7 +12,6 @@ from typing import Any
 import msgspec
 
 from ._errors import AgentdError, ErrorCode
-
 from ._version import APP_VERSION as APP_VERSION
 from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
 

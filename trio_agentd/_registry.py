@@ -41,8 +41,8 @@ from ._ownership import (
     OwnerRecord,
     Phase,
     RestoreVerdict,
-    Scope,
     ScannedRecord,
+    Scope,
     cause_of_refusal,
     judge,
     plan_acquire,
@@ -185,7 +185,9 @@ class Registry:
         self.move_aside(f"{generation}.owner")
 
     def revoke(self, generation: str) -> None:
-        _fs.atomic_write_json(self.tombstone(generation), {"generation": generation, "at": utcnow()})
+        _fs.atomic_write_json(
+            self.tombstone(generation), {"generation": generation, "at": utcnow()}
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,7 +46,7 @@ class MessageStream:
                     # a half line at EOF is dropped: the peer never finished it
                     return None
                 return None
-            self._lines.extend(self._buffer.feed(data))
+            self._lines.extend(self._buffer.feed(bytes(data)))
         return self._lines.popleft()
 
     async def receive(self) -> Message | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from trio_util import AsyncValue
 
 from . import _fs
 from ._errors import AgentdError, ErrorCode
@@ -115,7 +116,9 @@ class Supervisor:
         return self._service
 
     # lifecycle --------------------------------------------------------------------------
-    async def serve(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run until shutdown. ``task_status.started(self)`` once the socket listens.
 
         Raises:
@@ -187,8 +190,8 @@ class Supervisor:
         fd = _fs.try_lock(path)
         if fd is None:
             holder: dict[str, Any] = {}
-            with contextlib.suppress(OSError, ValueError):
-                holder = json.loads(open(path, "rb").read() or b"{}")
+            with contextlib.suppress(OSError, ValueError), open(path, "rb") as f:
+                holder = json.loads(f.read() or b"{}")
             raise AgentdError(
                 ErrorCode.ALREADY_RUNNING,
                 f"socket lease {path} is held by supervisor pid {holder.get('pid', '?')},"
@@ -270,7 +273,8 @@ class Supervisor:
         log.warning("socket %s was removed or replaced; bound it again", self.layout.socket)
 
     async def _accept_loop(self, sock: trio.socket.SocketType | None) -> None:
-        assert sock is not None and self._clients is not None
+        assert sock is not None
+        assert self._clients is not None
         while True:
             try:
                 conn, _ = await sock.accept()
@@ -378,11 +382,12 @@ class Supervisor:
                     f"uid {uid} may not use the supervisor of uid {os.getuid()}")))
                 return
             await ms.send(self.hello())
+            inflight = AsyncValue(0)
             async with trio.open_nursery() as requests:
-                await self._read_requests(ms, requests)
+                await self._read_requests(ms, requests, inflight)
                 # the client half-closed or broke: let its requests finish, bounded
                 with trio.move_on_after(self.timing.stop_grace):
-                    await _wait_children_done(requests)
+                    await inflight.wait_value(0)
                 requests.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -391,7 +396,9 @@ class Supervisor:
         finally:
             await ms.aclose()
 
-    async def _read_requests(self, ms: MessageStream, requests: trio.Nursery) -> None:
+    async def _read_requests(
+        self, ms: MessageStream, requests: trio.Nursery, inflight: AsyncValue[int]
+    ) -> None:
         while True:
             try:
                 line = await ms.receive_line()
@@ -407,25 +414,26 @@ class Supervisor:
                 return
             try:
                 msg = decode(line)
-            except AgentdError as exc:
-                msg = None
-                error = exc
-            else:
-                error = None
                 if not isinstance(msg, Request):
-                    error = AgentdError(
+                    raise AgentdError(
                         ErrorCode.BAD_REQUEST, f"expected a request, got {type(msg).__name__}"
                     )
-            if error is not None or not isinstance(msg, Request):
+            except AgentdError as exc:
                 try:
-                    await ms.send(fail(_guess_id(line), error or AgentdError(
-                        ErrorCode.BAD_REQUEST, "expected a request")))
+                    await ms.send(fail(_guess_id(line), exc))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
                 continue
-            requests.start_soon(self._dispatch, ms, msg)
+            requests.start_soon(self._dispatch, ms, msg, inflight)
 
-    async def _dispatch(self, ms: MessageStream, req: Request) -> None:
+    async def _dispatch(self, ms: MessageStream, req: Request, inflight: AsyncValue[int]) -> None:
+        inflight.value += 1
+        try:
+            await self._dispatch_one(ms, req)
+        finally:
+            inflight.value -= 1
+
+    async def _dispatch_one(self, ms: MessageStream, req: Request) -> None:
         self.commands += 1
         try:
             if req.op != "shutdown":
@@ -465,24 +473,19 @@ class Supervisor:
                 return await self._prompt(ms, req)
             case "kill_session":
                 sid = _str_arg(args, "session")
-                h = self.sessions.get(sid)
-                if h is None:
-                    raise AgentdError(ErrorCode.UNKNOWN_SESSION, f"no session {sid!r}")
-                await h.stop()
+                victim = self._known(sid)
+                await victim.stop()
                 self.sessions.pop(sid, None)
                 for p in (self.layout.descriptor_path(sid), self.layout.token_path(sid)):
                     with contextlib.suppress(FileNotFoundError):
                         p.unlink()
                 return {"session": sid, "killed": True}
             case "retry_session":
-                sid = _str_arg(args, "session")
-                h = self.sessions.get(sid)
-                if h is None:
-                    raise AgentdError(ErrorCode.UNKNOWN_SESSION, f"no session {sid!r}")
-                h.restarts = 0
-                if h.state == "failed":
-                    h.state = "stopped"
-                return h.summary()
+                again = self._known(_str_arg(args, "session"))
+                again.restarts = 0
+                if again.state == "failed":
+                    again.state = "stopped"
+                return again.summary()
             case "shutdown":
                 return {"generation": self.generation, "pid": os.getpid(),
                         "stop_workers": bool(args.get("stop_workers", True))}
@@ -494,6 +497,15 @@ class Supervisor:
                     f"unknown op {req.op!r} — known: ping, status, create_session, prompt,"
                     " sessions, kill_session, retry_session, restart, shutdown",
                 )
+
+    def _known(self, session_id: str) -> WorkerHandle:
+        h = self.sessions.get(session_id)
+        if h is None:
+            raise AgentdError(
+                ErrorCode.UNKNOWN_SESSION,
+                f"no session {session_id!r} — `trio-agentd sessions` lists them",
+            )
+        return h
 
     async def _prompt(self, ms: MessageStream, req: Request) -> Any:
         args = req.args
@@ -546,11 +558,6 @@ class Supervisor:
             "phase": str(self.ownership.record.phase),
             "restores": self.ownership.statistics().restores,
         }
-
-
-async def _wait_children_done(nursery: trio.Nursery) -> None:
-    while nursery.child_tasks:
-        await trio.sleep(0.01)
 
 
 def _agent_mismatch(session_id: str, have: str, asked: str) -> AgentdError:

@@ -19,6 +19,7 @@ abandon an accepted command: the retry on the next connection waits for it.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -318,12 +319,10 @@ class WorkerCore:
             self.current = None
         log.warning("dropping supervisor generation %s: %s", conn.fence.claim.generation, reason)
         with trio.move_on_after(0.2):
-            try:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await conn.ms.send(
                     Dropped(code=ErrorCode.SUPERVISOR_GENERATION_STALE, message=reason)
                 )
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
         conn.scope.cancel()
         await conn.ms.aclose()
 
@@ -339,10 +338,8 @@ class WorkerCore:
     async def _respond(self, conn: _Conn, msg: Any) -> None:
         if conn.dropped:
             return
-        try:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await conn.ms.send(msg)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
 
     async def _handle(self, conn: _Conn, req: Request) -> None:
         if not self._valid(conn):
@@ -517,10 +514,8 @@ async def run_worker(
     )
     path = config.worker_socket
     sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
     old_umask = os.umask(0o177)
     try:
         await sock.bind(path)
@@ -571,10 +566,8 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    try:
+    with contextlib.suppress(OSError):
         os.chdir(config.cwd)
-    except OSError:
-        pass
     from .timing import timing_from_env
 
     trio.run(run_worker, config, timing_from_env(), _signal_ready)
@@ -582,10 +575,8 @@ def main() -> None:
 
 def _signal_ready() -> None:
     """Tell the supervisor (reading our stdout pipe) that the socket listens; then let go."""
-    try:
+    with contextlib.suppress(OSError):
         os.write(1, b"ready\n")
-    except OSError:
-        pass
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)

@@ -8,6 +8,7 @@ worker's journal makes the resend safe).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import socket as _socket
@@ -49,10 +50,8 @@ class WorkerLink:
                     rid = msg.id
                     chan = self._pending.get(rid) if isinstance(rid, int) else None
                     if chan is not None:
-                        try:
+                        with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
                             chan.send_nowait(msg)
-                        except (trio.WouldBlock, trio.BrokenResourceError):
-                            pass
                 elif isinstance(msg, Dropped):
                     self.drop_reason = msg.message
                     log.warning("worker %s dropped us: %s", self.hello.session, msg.message)
@@ -107,50 +106,43 @@ async def open_worker_link(
     pid: int,
     start_id: str | None,
     socket: str,
-    timeout: float,
 ) -> WorkerLink:
-    """Connect to a worker's private socket and authenticate within ``timeout``.
+    """Connect to a worker's private socket and authenticate.
+
+    The caller bounds it with a cancel scope (``adopt_connect_timeout`` for a live worker,
+    ``worker_connect_timeout`` for a fresh one).
 
     Raises:
         AgentdError: ``worker_unavailable`` naming why.
     """
-    ms: MessageStream | None = None
+    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        with trio.fail_after(timeout):
-            sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-            try:
-                await sock.connect(path)
-            except BaseException:
-                sock.close()
-                raise
-            ms = MessageStream(trio.SocketStream(sock))
-            hello = await ms.receive()
-            if not isinstance(hello, WorkerHello):
-                raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "worker sent no hello")
-            await ms.send(
-                Auth(token=token, generation=generation, pid=pid, start_id=start_id, socket=socket)
-            )
-            reply = await ms.receive()
-            if isinstance(reply, Dropped):
-                raise AgentdError(
-                    ErrorCode.WORKER_UNAVAILABLE, f"worker refused us: {reply.message}"
-                )
-            if not isinstance(reply, AuthOk):
-                raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "worker did not confirm auth")
-            return WorkerLink(ms, hello)
-    except trio.TooSlowError:
-        if ms is not None:
-            await ms.aclose()
-        raise AgentdError(
-            ErrorCode.WORKER_UNAVAILABLE, f"worker at {path} did not answer within {timeout}s"
-        ) from None
-    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        if ms is not None:
-            await ms.aclose()
-        raise AgentdError(
-            ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
-        ) from None
-    except AgentdError:
-        if ms is not None:
-            await ms.aclose()
+        await sock.connect(path)
+    except BaseException as exc:
+        sock.close()
+        if isinstance(exc, OSError):
+            raise AgentdError(
+                ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
+            ) from None
+        raise
+    ms = MessageStream(trio.SocketStream(sock))
+    try:
+        hello = await ms.receive()
+        if not isinstance(hello, WorkerHello):
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "worker sent no hello")
+        await ms.send(
+            Auth(token=token, generation=generation, pid=pid, start_id=start_id, socket=socket)
+        )
+        reply = await ms.receive()
+        if isinstance(reply, Dropped):
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, f"worker refused us: {reply.message}")
+        if not isinstance(reply, AuthOk):
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "worker did not confirm auth")
+        return WorkerLink(ms, hello)
+    except BaseException as exc:
+        await ms.aclose()
+        if isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError):
+            raise AgentdError(
+                ErrorCode.WORKER_UNAVAILABLE, f"lost worker at {path} during auth: {exc}"
+            ) from None
         raise

@@ -18,7 +18,9 @@ import pytest
 
 from .harness import DaemonEnv, daemon_env, wait_for
 
-RESTORED = re.compile(r"Restored supervisor owner record for generation (\w+) after external removal")
+RESTORED = re.compile(
+    r"Restored supervisor owner record for generation (\w+) after external removal"
+)
 
 
 def test_fresh_machine_first_prompt_autostarts_and_continues_the_session() -> None:
@@ -112,6 +114,7 @@ def test_16_supervisors_at_once_exactly_one_serves(denv: DaemonEnv) -> None:
         assert len(alive) == 1
         winner = alive[0]
         hello = wait_for(lambda: denv.hello(), timeout=10, what="the winner's hello")
+        assert hello is not None
         assert hello["pid"] == winner.pid
         assert len(denv.owner_records()) == 1
         owner = denv.owner()
@@ -177,6 +180,7 @@ def test_deleted_socket_file_is_bound_again_within_one_second(denv: DaemonEnv) -
     hello = wait_for(lambda: denv.hello(timeout=0.2), timeout=1.0, interval=0.01,
                      what="the socket to come back")
     assert time.monotonic() - t0 <= 1.0
+    assert hello is not None
     assert hello["pid"] == pid
     assert denv.prompt("back") == "[echo turn 2] back"
 
@@ -282,4 +286,5 @@ def test_python_dash_m_entry_point_runs() -> None:
     cp = subprocess.run([sys.executable, "-m", "trio_agentd", "--help"], capture_output=True,
                         text=True, timeout=30)
     assert cp.returncode == 0
-    assert "prompt" in cp.stdout and "daemon" in cp.stdout
+    assert "prompt" in cp.stdout
+    assert "daemon" in cp.stdout
