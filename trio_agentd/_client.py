@@ -97,21 +97,37 @@ class Client:
     async def stream_prompt(
         self, session: str, text: str, *, agent: str | None = None
     ) -> AsyncIterator[str]:
-        """Yield the reply's chunks as the agent produces them."""
-        send, recv = trio.open_memory_channel[str](1024)
-        async with trio.open_nursery() as nursery:
+        """Yield the reply's chunks as the agent produces them.
 
-            async def run() -> None:
-                async with send:
-                    await self.request(
-                        "prompt",
-                        {"session": session, "text": text, "agent": agent},
-                        on_event=lambda e: send.send_nowait(str(e.get("text", ""))),
-                    )
+        Raises:
+            AgentdError: the prompt failed (its wire code) or the connection was lost.
 
-            nursery.start_soon(run)
-            async for chunk in recv:
-                yield chunk
+        Cancellation: stops reading; the prompt still completes in its worker.
+        """
+        if self._closed:
+            raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, "connection to the supervisor closed")
+        rid = next(self._ids)
+        send, recv = trio.open_memory_channel[Response | Event](1024)
+        self._pending[rid] = send
+        try:
+            await self._ms.send(
+                Request(
+                    id=rid,
+                    op="prompt",
+                    client_id=self.client_id,
+                    args={"session": session, "text": text, "agent": agent},
+                )
+            )
+            async for msg in recv:
+                if isinstance(msg, Event):
+                    yield str(msg.event.get("text", ""))
+                    continue
+                if not msg.ok:
+                    raise error_of(msg)
+                return
+        finally:
+            self._pending.pop(rid, None)
+        raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, "the supervisor closed the connection")
 
     async def sessions(self) -> list[dict[str, Any]]:
         result = await self.request("sessions")

@@ -227,11 +227,14 @@ class WorkerHandle:
                     buf += chunk
                 ready = buf.strip() == b"ready"
         finally:
-            await proc.stdout.aclose()
-            if not ready:
-                await self.stop_process()
-                self.state = "failed" if self.restarts else "stopped"
-                self.write_descriptor()
+            with trio.move_on_after(
+                sup.timing.stop_grace + sup.timing.kill_confirm_timeout + 1, shield=True
+            ):
+                await proc.stdout.aclose()
+                if not ready:
+                    await self.stop_process()
+                    self.state = "failed" if self.restarts else "stopped"
+                    self.write_descriptor()
         if not ready:
             tail = _tail(session_dir / "worker.log")
             raise AgentdError(

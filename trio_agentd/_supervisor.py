@@ -154,13 +154,16 @@ class Supervisor:
                         task_status.started(self)
                         await self.shutdown_requested.wait()
                         clients.cancel_scope.cancel()
-                    with trio.CancelScope(shield=True):
+                    t = self.timing
+                    with trio.move_on_after(t.stop_grace + t.kill_confirm_timeout + 5, shield=True):
                         await self._stop(service)
                     service.cancel_scope.cancel()
             finally:
+                self._close_listener(unlink=True)
                 self._release_lease()
         finally:
-            await self.ownership.release()
+            with trio.move_on_after(3, shield=True):
+                await self.ownership.release()
             self.stopped.set()
 
     def request_shutdown(self, *, stop_workers: bool) -> None:

@@ -118,12 +118,13 @@ async def open_worker_link(
     sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         await sock.connect(path)
-    except BaseException as exc:
+    except OSError as exc:
         sock.close()
-        if isinstance(exc, OSError):
-            raise AgentdError(
-                ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
-            ) from None
+        raise AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
+        ) from None
+    except BaseException:
+        sock.close()
         raise
     ms = MessageStream(trio.SocketStream(sock))
     try:
@@ -139,10 +140,11 @@ async def open_worker_link(
         if not isinstance(reply, AuthOk):
             raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "worker did not confirm auth")
         return WorkerLink(ms, hello)
-    except BaseException as exc:
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         await ms.aclose()
-        if isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError):
-            raise AgentdError(
-                ErrorCode.WORKER_UNAVAILABLE, f"lost worker at {path} during auth: {exc}"
-            ) from None
+        raise AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE, f"lost worker at {path} during auth: {exc}"
+        ) from None
+    except BaseException:
+        await ms.aclose()
         raise
