@@ -7,7 +7,8 @@ The supervisor side of each connection is driven by hand with :class:`MessageStr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,18 @@ SOCKET = "/run/s.sock"
 TOKEN = "worker-token"
 STALE = "supervisor_generation_stale"
 HELLO = WorkerHello(session="s1", pid=4242, start_id="boot:4242")
+
+
+@pytest.fixture(autouse=True)
+def no_worker_errors(
+    request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> Iterator[None]:
+    """The worker logs unexpected exceptions of a connection instead of raising them: fail
+    every (non-xfail) test that made the worker log an error."""
+    yield
+    if request.node.get_closest_marker("xfail") is None:
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == []
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -359,6 +372,17 @@ async def test_steady_state_refence_costs_one_record_read_per_tick(
 # --- (4) dedup of a command in flight --------------------------------------------------------
 
 
+async def responses_to(sup: SupervisorEnd, ids: set[int]) -> dict[Any, Response]:
+    """Read until a response arrived for every request id in ``ids`` (events are skipped)."""
+    responses: dict[Any, Response] = {}
+    while set(responses) != ids:
+        msg = await sup.receive()
+        assert msg is not None, sup.log
+        if isinstance(msg, Response):
+            responses[msg.id] = msg
+    return responses
+
+
 def _split(messages: list[Message | None]) -> tuple[list[Event], dict[Any, Response]]:
     events = [m for m in messages if isinstance(m, Event)]
     responses = {m.id: m for m in messages if isinstance(m, Response)}
@@ -446,10 +470,7 @@ async def test_retry_while_queued_behind_another_turn_runs_once(
     await sup.prompt(3, "second", command_id="c2")  # the client's retry of c2
     await trio.testing.wait_all_tasks_blocked()
     release.set()
-    received = [await sup.receive() for _ in range(5)]
-    await trio.testing.wait_all_tasks_blocked()
-
-    events, responses = _split(received)
+    responses = await responses_to(sup, {1, 2, 3})
     assert responses == {
         1: reply(1, 1, "reply 1: first"),
         2: reply(2, 2, "reply 2: second"),
@@ -484,13 +505,13 @@ async def test_journaled_retry_while_queued_behind_another_turn_runs_once(
         await sup.prompt(3, "second", command_id="c2")
         await trio.testing.wait_all_tasks_blocked()
         release.set()
-        received = [await sup.receive() for _ in range(5)]
-        await trio.testing.wait_all_tasks_blocked()
+        responses = await responses_to(sup, {1, 2, 3})
 
-        _events, responses = _split(received)
-        assert responses[2] == responses[3].__class__(
-            id=2, ok=True, result=responses[3].result
-        )
+        assert responses == {
+            1: reply(1, 1, "reply 1: first"),
+            2: reply(2, 2, "reply 2: second"),
+            3: reply(3, 2, "reply 2: second"),
+        }
         assert agent.prompts == ["first", "second"]
         assert core.turns_run == 2
     finally:
@@ -560,12 +581,14 @@ async def test_auth_refusal_drops_and_closes_and_the_session_goes_on(
 
 @pytest.mark.xfail(
     strict=True,
-    raises=UnboundLocalError,
     reason="BUG: _worker.py serve_connection reads `msg` after move_on_after(auth_timeout)"
-    " expired without assigning it; a peer that never authenticates crashes the worker",
+    " expired without assigning it: UnboundLocalError, logged as 'supervisor connection"
+    " failed' with a traceback by the catch-all instead of a quiet close",
 )
-async def test_unauthenticated_connection_is_closed_at_auth_timeout(
-    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+async def test_unauthenticated_connection_is_closed_quietly_at_auth_timeout(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     registry = MemoryRegistry()
     rec1 = registry.add_owner(generation="g1", pid=100, start_id="boot:100")
@@ -574,11 +597,11 @@ async def test_unauthenticated_connection_is_closed_at_auth_timeout(
 
     silent_side, worker_side = memory_stream_pair()
     silent = SupervisorEnd(silent_side)
-    async with trio.open_nursery() as inner:
-        inner.start_soon(silent.pump)
-        # served in this task so that an exception reaches the test unwrapped
-        await core.serve_connection(worker_side)
+    nursery.start_soon(silent.pump)
+    await core.serve_connection(worker_side)
+    await silent.closed.wait()
     assert silent.log == [(0.0, HELLO), (2.0, None)]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
     sup = await connect_owner(nursery, core, rec1)
     await sup.prompt(1, "hi", command_id="c1")

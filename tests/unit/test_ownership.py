@@ -198,14 +198,17 @@ def test_scope_from_corrupt_json_raises_corrupt_record(data: bytes) -> None:
     strict=True,
     reason="BUG: _ownership.py from_json converts with int() and catches only "
     "KeyError/TypeError/ValueError; int(Infinity) raises OverflowError, which escapes",
+    raises=OverflowError,
 )
 @pytest.mark.parametrize(
     "data",
     [
-        MINE_BYTES.replace(b'"pid": 1000', b'"pid": Infinity'),
-        MINE_BYTES.replace(b'"version": 1', b'"version": 1e999'),
+        json.dumps({**json.loads(MINE_BYTES), "pid": float("inf")}).encode(),
+        json.dumps({**json.loads(MINE_BYTES), "version": float("-inf")}).encode(),
+        json.dumps({**json.loads(MINE_BYTES), "protocol": float("inf")}).encode(),
+        MINE_BYTES.replace(b'"pid": 1000', b'"pid": 1e999'),
     ],
-    ids=["pid-Infinity", "version-1e999"],
+    ids=["pid-Infinity", "version--Infinity", "protocol-Infinity", "pid-1e999"],
 )
 def test_owner_record_with_infinite_number_is_corrupt(data: bytes) -> None:
     with pytest.raises(CorruptRecord):
@@ -214,11 +217,24 @@ def test_owner_record_with_infinite_number_is_corrupt(data: bytes) -> None:
 
 @pytest.mark.xfail(
     strict=True,
+    reason="BUG: _ownership.py Scope.from_json: int(Infinity) raises OverflowError, which escapes",
+    raises=OverflowError,
+)
+def test_scope_with_infinite_version_is_corrupt() -> None:
+    data = json.dumps({**json.loads(MINE.scope.to_json()), "version": float("inf")}).encode()
+    with pytest.raises(CorruptRecord):
+        Scope.from_json(data)
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="BUG: judge() lets OverflowError from OwnerRecord.from_json escape for a corrupt "
     "owner.json holding Infinity, instead of returning Cause.MISSING",
+    raises=OverflowError,
 )
 def test_judge_of_record_with_infinite_pid_is_missing() -> None:
-    on_disk = MINE_BYTES.replace(b'"pid": 1000', b'"pid": Infinity')
+    on_disk = json.dumps({**json.loads(MINE_BYTES), "pid": float("inf")}).encode()
+    assert b'"pid": Infinity' in on_disk
     assert judge(MINE, MINE_BYTES, on_disk, released=False) is Cause.MISSING
 
 
@@ -236,10 +252,14 @@ def test_judge_of_record_with_infinite_pid_is_missing() -> None:
 )
 def test_owner_record_from_any_field_value_parses_or_is_corrupt(field: str, value: Any) -> None:
     data = json.dumps({**json.loads(MINE_BYTES), field: value}).encode()
+    parsed: OwnerRecord | None
     try:
-        OwnerRecord.from_json(data)
+        parsed = OwnerRecord.from_json(data)
     except CorruptRecord:
-        pass
+        parsed = None
+    if parsed is not None:
+        # Whatever was accepted is normalised into a record that round-trips exactly.
+        assert OwnerRecord.from_json(parsed.to_json()) == parsed
 
 
 @pytest.mark.parametrize(
@@ -379,7 +399,7 @@ def test_acquire_readable_record_without_probe_counts_as_alive() -> None:
     ],
     ids=["same-socket-and-dir", "same-dir", "unrelated"],
 )
-def test_acquire_dead_record_is_moved_aside_whatever_it_claims(claims: dict[str, str]) -> None:
+def test_acquire_dead_record_is_moved_aside_whatever_it_claims(claims: dict[str, Any]) -> None:
     other = scanned("b1", liveness=Liveness.DEAD, **claims)
     assert acquire([other]) == AcquirePlan(conflict=None, move_aside=("b1.owner",))
 
@@ -388,7 +408,7 @@ def test_acquire_dead_record_is_moved_aside_whatever_it_claims(claims: dict[str,
 @pytest.mark.parametrize(
     "claims", [{}, {"socket": "/tmp/other.sock", "state_dir": "/o"}], ids=["relevant", "unrelated"]
 )
-def test_acquire_unreadable_record_is_left_alone(scope: bool, claims: dict[str, str]) -> None:
+def test_acquire_unreadable_record_is_left_alone(scope: bool, claims: dict[str, Any]) -> None:
     other = scanned("b1", readable=False, scope=scope, **claims)
     assert acquire([other]) == AcquirePlan(conflict=None, move_aside=())
 
@@ -552,23 +572,22 @@ def test_restore_refusal_priority() -> None:
     assert restore(**kw) is RestoreVerdict.RESTORE
 
 
-@pytest.mark.parametrize(
-    ("verdict", "cause"),
-    [
-        (RestoreVerdict.REFUSE_RELEASED, Cause.RELEASED),
-        (RestoreVerdict.REFUSE_REVOKED, Cause.REVOKED),
-        (RestoreVerdict.REFUSE_REPLACED, Cause.REPLACED),
-        (RestoreVerdict.REFUSE_CONFLICT, Cause.REPLACED),
-        (RestoreVerdict.REFUSE_SHUTDOWN, Cause.MISSING),
-        (RestoreVerdict.REFUSE_DISABLED, Cause.MISSING),
-        (RestoreVerdict.RESTORE, Cause.MISSING),
-        (RestoreVerdict.ALREADY_PRESENT, Cause.MISSING),
-    ],
-)
+REFUSAL_CAUSES = [
+    (RestoreVerdict.REFUSE_RELEASED, Cause.RELEASED),
+    (RestoreVerdict.REFUSE_REVOKED, Cause.REVOKED),
+    (RestoreVerdict.REFUSE_REPLACED, Cause.REPLACED),
+    (RestoreVerdict.REFUSE_CONFLICT, Cause.REPLACED),
+    (RestoreVerdict.REFUSE_SHUTDOWN, Cause.MISSING),
+    (RestoreVerdict.REFUSE_DISABLED, Cause.MISSING),
+    (RestoreVerdict.RESTORE, Cause.MISSING),
+    (RestoreVerdict.ALREADY_PRESENT, Cause.MISSING),
+]
+
+
+@pytest.mark.parametrize(("verdict", "cause"), REFUSAL_CAUSES)
 def test_cause_of_refusal(verdict: RestoreVerdict, cause: Cause) -> None:
     assert cause_of_refusal(verdict) is cause
 
 
-def test_cause_of_refusal_covers_every_verdict() -> None:
-    for verdict in RestoreVerdict:
-        assert isinstance(cause_of_refusal(verdict), Cause)
+def test_cause_of_refusal_table_covers_every_verdict() -> None:
+    assert {v for v, _ in REFUSAL_CAUSES} == set(RestoreVerdict)

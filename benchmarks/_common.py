@@ -1,0 +1,95 @@
+"""Shared helpers for benchmarks: a private daemon environment and robust statistics.
+
+Benchmarks start processes in a private temp dir and kill exactly those (by pid, found through
+a unique marker in their environment) even on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    root: Path
+    env: dict[str, str]
+
+    @property
+    def socket(self) -> str:
+        return str(self.root / "s" / "d.sock")
+
+    def cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "trio_agentd", *args]
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.cli(*args), env=self.env, capture_output=True, text=True,
+                              check=True, timeout=120)
+
+
+def _our_pids(marker: bytes) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+@contextlib.contextmanager
+def private_env() -> Iterator[Env]:
+    root = Path(tempfile.mkdtemp(prefix="tab-", dir="/tmp"))
+    (root / "s").mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIO_AGENTD_")}
+    env.update(
+        TRIO_AGENTD_HOME=str(root / "home"),
+        TRIO_AGENTD_REGISTRY_DIR=str(root / "reg"),
+        TRIO_AGENTD_SOCKET=str(root / "s" / "d.sock"),
+        TA_BENCH_RUN=str(root),
+    )
+    marker = f"TA_BENCH_RUN={root}".encode()
+    try:
+        yield Env(root, env)
+    finally:
+        for pid in _our_pids(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def summary(samples: list[float], scale: float = 1000.0) -> dict[str, float]:
+    return {
+        "median": statistics.median(samples) * scale,
+        "min": min(samples) * scale,
+        "max": max(samples) * scale,
+        "n": float(len(samples)),
+    }
+
+
+def machine() -> str:
+    import trio
+
+    return (f"{os.cpu_count()} cores, Python {platform.python_version()}, trio {trio.__version__},"
+            f" {platform.system()} {platform.release()}")

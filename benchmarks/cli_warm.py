@@ -1,0 +1,33 @@
+"""CLI warm path: ``trio-agentd -p hi`` against a running daemon vs ``python -c pass``.
+
+Runs are interleaved (A B A B …) so machine noise hits both alike; the ratio of medians is the
+figure. Usage: ``python -m benchmarks.cli_warm [N]``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ._common import machine, private_env, summary, timed
+
+
+def main(n: int = 40) -> dict[str, dict[str, float]]:
+    with private_env() as env:
+        env.run("-p", "warm up")
+        base, cli = [], []
+        for _ in range(n):
+            base.append(timed([sys.executable, "-c", "pass"]))
+            cli.append(timed(env.cli("-p", "hi"), env.env))
+        env.run("shutdown")
+    result = {"python -c pass": summary(base), "trio-agentd -p hi (warm)": summary(cli)}
+    ratio = result["trio-agentd -p hi (warm)"]["median"] / result["python -c pass"]["median"]
+    print(f"machine: {machine()}")
+    for name, s in result.items():
+        print(f"{name:28s} median {s['median']:7.1f} ms  min {s['min']:7.1f}  max {s['max']:7.1f}"
+              f"  (n={s['n']:.0f})")
+    print(f"ratio of medians: {ratio:.2f}x")
+    return result
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 40)
