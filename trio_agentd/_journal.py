@@ -82,11 +82,16 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 
 def compacted(state: JournalState, keep_completed: int) -> bytes:
-    """The journal rewritten: pending commands plus the newest ``keep_completed`` results."""
+    """The journal rewritten: pending commands, interrupted markers and the newest
+    ``keep_completed`` results (older results are forgotten: a resend that old runs again)."""
     out = bytearray()
-    done = list(state.completed.items())[-keep_completed:]
+    done = list(state.completed.items())[-keep_completed:] if keep_completed > 0 else []
     for _k, rec in state.pending():
         out += _line(rec)
+    for k in state.interrupted:
+        rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})
+        out += _line({**rec, "kind": "accepted"})
+        out += interrupted(k[0], rec.get("id", k[1]))
     for k, result in done:
         rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})
         out += _line({**rec, "kind": "accepted"})

@@ -78,7 +78,7 @@ class Scope:
                 socket=str(obj["socket"]),
                 state_dir=str(obj["state_dir"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CorruptRecord(f"scope.json lacks a valid field: {exc}") from None
 
 
@@ -135,7 +135,7 @@ class OwnerRecord:
                 created_at=str(obj["created_at"]),
                 updated_at=str(obj["updated_at"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CorruptRecord(f"owner.json lacks a valid field: {exc}") from None
 
     def same_identity(self, other: OwnerRecord) -> bool:

@@ -166,6 +166,7 @@ def check_socket_path(path: str) -> None:
 
 def ensure_private_dir(path: str, *, create: bool = True) -> None:
     """Make sure ``path`` is a directory of mode 0700 owned by us; refuse clearly otherwise."""
+    path = os.path.normpath(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:

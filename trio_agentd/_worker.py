@@ -177,6 +177,7 @@ class WorkerCore:
         self._nursery: trio.Nursery | None = None
         self.turns_run = 0
         self._memory_turns = 0
+        self._memory_done: dict[_journal.Key, Any] = {}
 
     @property
     def turns(self) -> int:
@@ -230,6 +231,7 @@ class WorkerCore:
             await ms.send(
                 WorkerHello(session=self.session_id, pid=self.pid, start_id=self.start_id)
             )
+            msg = None
             with trio.move_on_after(self.timing.auth_timeout):
                 msg = await ms.receive()
             if not isinstance(msg, Auth):
@@ -372,13 +374,8 @@ class WorkerCore:
         if not isinstance(command_id, (str, int)):
             command_id = str(command_id)
         k = _journal.key_of(req.client_id, command_id)
-        if self.journal is not None:
-            if k in self.journal.state.completed:
-                await self._respond(conn, ok(req.id, self.journal.state.completed[k]))
-                return
-            if k in self.journal.state.interrupted:
-                await self._respond(conn, fail(req.id, interrupted_error(k)))
-                return
+        if await self._answer_if_done(conn, req, k):
+            return
         running = self._running.get(k)
         if running is None:
             text = req.args.get("text")
@@ -393,6 +390,11 @@ class WorkerCore:
             if not self._valid(conn):
                 self._turn.release()
                 await self._drop(conn, "supervisor claim no longer valid")
+                return
+            # a resend queued behind the original: the original may have finished meanwhile
+            if self._done_result(k) is not None:
+                self._turn.release()
+                await self._answer_if_done(conn, req, k)
                 return
             running = self._running.get(k)
             if running is None:
@@ -413,6 +415,29 @@ class WorkerCore:
             await self._respond(conn, fail(req.id, running.error))
         else:
             await self._respond(conn, ok(req.id, running.result))
+
+    def _done_result(self, k: _journal.Key) -> tuple[bool, Any] | None:
+        """``(True, result)`` if completed, ``(False, None)`` if interrupted, else ``None``."""
+        if self.journal is not None:
+            state = self.journal.state
+            if k in state.completed:
+                return (True, state.completed[k])
+            if k in state.interrupted:
+                return (False, None)
+            return None
+        if k in self._memory_done:
+            return (True, self._memory_done[k])
+        return None
+
+    async def _answer_if_done(self, conn: _Conn, req: Request, k: _journal.Key) -> bool:
+        done = self._done_result(k)
+        if done is None:
+            return False
+        completed, result = done
+        await self._respond(
+            conn, ok(req.id, result) if completed else fail(req.id, interrupted_error(k))
+        )
+        return True
 
     async def _execute(
         self, k: _journal.Key, text: str, running: _Running, *, replay: bool = False
@@ -451,6 +476,9 @@ class WorkerCore:
                 )
             else:
                 self._memory_turns = turn
+                self._memory_done[k] = result
+                while len(self._memory_done) > KEEP_COMPLETED:
+                    del self._memory_done[next(iter(self._memory_done))]
             if self.journal is not None:
                 self.journal.append(_journal.completed(k[0], k[1], result))
                 self.journal.maybe_compact()

@@ -66,6 +66,23 @@ def timing_from_env(base: Timing = DEFAULT_TIMING) -> Timing:
     unknown = set(overrides) - names
     if unknown:
         raise ValueError(f"TRIO_AGENTD_TIMING has unknown fields: {sorted(unknown)}")
-    if "worker_retry_delays" in overrides:
-        overrides["worker_retry_delays"] = tuple(overrides["worker_retry_delays"])
-    return dataclasses.replace(base, **overrides)
+    checked: dict[str, object] = {}
+    for name, value in overrides.items():
+        default = getattr(base, name)
+        if isinstance(default, tuple):
+            if not isinstance(value, list) or not all(_is_number(v) for v in value):
+                raise ValueError(f"TRIO_AGENTD_TIMING: {name} must be a list of seconds")
+            checked[name] = tuple(float(v) for v in value)
+        elif type(default) is int:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"TRIO_AGENTD_TIMING: {name} must be a whole number >= 0")
+            checked[name] = value
+        else:
+            if not _is_number(value) or value < 0:
+                raise ValueError(f"TRIO_AGENTD_TIMING: {name} must be a number of seconds >= 0")
+            checked[name] = float(value)
+    return dataclasses.replace(base, **checked)  # type: ignore[arg-type]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

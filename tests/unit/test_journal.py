@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_agentd import _journal as j
-from trio_agentd._journal import JournalState, Key, compacted, key_of, parse
+from trio_agentd._journal import JournalState, compacted, key_of, parse
 
 # --- record writers ---------------------------------------------------------------------------
 
@@ -66,10 +66,14 @@ def test_parse_tracks_accepted_completed_interrupted() -> None:
     assert state.interrupted == {("d", "x")}
     assert list(state.accepted) == [("c", "1"), ("c", "2"), ("d", "x"), ("c", "3")]
     assert state.pending() == [
-        (("c", "2"), {"kind": "accepted", "client_id": "c", "id": 2, "op": "prompt",
-                      "args": {"t": "b"}}),
-        (("c", "3"), {"kind": "accepted", "client_id": "c", "id": 3, "op": "prompt",
-                      "args": {"t": "c"}}),
+        (
+            ("c", "2"),
+            {"kind": "accepted", "client_id": "c", "id": 2, "op": "prompt", "args": {"t": "b"}},
+        ),
+        (
+            ("c", "3"),
+            {"kind": "accepted", "client_id": "c", "id": 3, "op": "prompt", "args": {"t": "c"}},
+        ),
     ]
     assert state.skipped_lines == 0
 
@@ -164,11 +168,12 @@ def expected_state(lines: list[bytes]) -> JournalState:
 def test_parse_ignores_a_truncated_tail_at_every_byte_offset(journal: list[Op]) -> None:
     lines = [line_of(op) for op in journal]
     data = b"".join(lines)
-    ends = []  # offset just before each record's newline: the record is complete from there
+    ends: list[int] = []  # offset of each record's newline: the record is complete from there
     offset = 0
     for line in lines:
         offset += len(line)
         ends.append(offset - 1)
+    clean_cuts = {0, *ends, *(e + 1 for e in ends)}
     for cut in range(len(data) + 1):
         state = parse(data[:cut])
         complete = [line for line, end in zip(lines, ends, strict=True) if end <= cut]
@@ -180,8 +185,7 @@ def test_parse_ignores_a_truncated_tail_at_every_byte_offset(journal: list[Op]) 
         )
         assert state.pending() == want.pending()
         # The partial tail (if any) is the only thing skipped.
-        partial = cut not in ends and cut not in (0, *(e + 1 for e in ends))
-        assert state.skipped_lines == (1 if partial else 0)
+        assert state.skipped_lines == (0 if cut in clean_cuts else 1)
 
 
 # --- compaction -------------------------------------------------------------------------------
@@ -230,12 +234,8 @@ def test_compacted_result_without_accepted_record_survives() -> None:
     assert again.pending() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _journal.compacted slices completed.items()[-keep_completed:], "
-    "and [-0:] is the whole list, so keep_completed=0 keeps every result",
-)
 def test_compacted_keep_zero_drops_every_result() -> None:
+    # Regression: items()[-0:] is the whole list.
     state = sample_state()
     out = compacted(state, keep_completed=0)
     assert out == j.accepted("c", 2, "prompt", {"t": "b"}) + j.accepted(
@@ -243,15 +243,12 @@ def test_compacted_keep_zero_drops_every_result() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _journal.compacted drops interrupted markers, so after compaction a client "
-    "retry of an interrupted non-replayable command runs it again instead of "
-    "command_interrupted",
-)
 def test_compacted_keeps_interrupted_markers() -> None:
+    # Regression: without its marker, a resend of an interrupted non-replayable command would
+    # run it again instead of answering command_interrupted.
     state = parse(
-        j.accepted("c", 1, "shell", {"t": "rm x"}) + j.interrupted("c", 1)
+        j.accepted("c", 1, "shell", {"t": "rm x"})
+        + j.interrupted("c", 1)
         + j.accepted("c", 2, "shell", {"t": "ls"})
     )
     again = parse(compacted(state, keep_completed=100))
@@ -259,16 +256,19 @@ def test_compacted_keeps_interrupted_markers() -> None:
     assert again.pending() == state.pending()
 
 
-keys: st.SearchStrategy[Key] = st.tuples(st.sampled_from(["a", "b"]), st.sampled_from("12345"))
-
-
 @given(st.lists(ops, max_size=12), st.integers(min_value=1, max_value=6))
-def test_compacted_preserves_pending_and_keeps_newest_results(
-    journal: list[Op], keep: int
-) -> None:
+def test_compacted_preserves_pending_and_keeps_newest_results(journal: list[Op], keep: int) -> None:
     state = parse(b"".join(line_of(op) for op in journal))
     again = parse(compacted(state, keep_completed=keep))
     assert again.pending() == state.pending()
     newest = list(state.completed.items())[-keep:]
     assert list(again.completed.items()) == newest
+    assert again.interrupted == state.interrupted
     assert again.skipped_lines == 0
+    # Compacting a compacted journal changes nothing that matters.
+    twice = parse(compacted(again, keep_completed=keep))
+    assert (twice.pending(), twice.completed, twice.interrupted) == (
+        again.pending(),
+        again.completed,
+        again.interrupted,
+    )

@@ -194,12 +194,6 @@ def test_scope_from_corrupt_json_raises_corrupt_record(data: bytes) -> None:
         Scope.from_json(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _ownership.py from_json converts with int() and catches only "
-    "KeyError/TypeError/ValueError; int(Infinity) raises OverflowError, which escapes",
-    raises=OverflowError,
-)
 @pytest.mark.parametrize(
     "data",
     [
@@ -211,28 +205,19 @@ def test_scope_from_corrupt_json_raises_corrupt_record(data: bytes) -> None:
     ids=["pid-Infinity", "version--Infinity", "protocol-Infinity", "pid-1e999"],
 )
 def test_owner_record_with_infinite_number_is_corrupt(data: bytes) -> None:
+    # Regression: int(Infinity) raises OverflowError, which from_json must turn into CorruptRecord.
     with pytest.raises(CorruptRecord):
         OwnerRecord.from_json(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _ownership.py Scope.from_json: int(Infinity) raises OverflowError, which escapes",
-    raises=OverflowError,
-)
 def test_scope_with_infinite_version_is_corrupt() -> None:
     data = json.dumps({**json.loads(MINE.scope.to_json()), "version": float("inf")}).encode()
     with pytest.raises(CorruptRecord):
         Scope.from_json(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: judge() lets OverflowError from OwnerRecord.from_json escape for a corrupt "
-    "owner.json holding Infinity, instead of returning Cause.MISSING",
-    raises=OverflowError,
-)
 def test_judge_of_record_with_infinite_pid_is_missing() -> None:
+    # Regression: a garbled owner.json must judge as missing, not crash validation.
     on_disk = json.dumps({**json.loads(MINE_BYTES), "pid": float("inf")}).encode()
     assert b'"pid": Infinity' in on_disk
     assert judge(MINE, MINE_BYTES, on_disk, released=False) is Cause.MISSING
@@ -262,9 +247,7 @@ def test_owner_record_from_any_field_value_parses_or_is_corrupt(field: str, valu
         assert OwnerRecord.from_json(parsed.to_json()) == parsed
 
 
-@pytest.mark.parametrize(
-    "field", ["generation", "token", "pid", "start_id", "socket"]
-)
+@pytest.mark.parametrize("field", ["generation", "token", "pid", "start_id", "socket"])
 def test_same_identity_compares_each_identity_field(field: str) -> None:
     other_value: Any = {
         "generation": "b" * 32,
@@ -458,9 +441,7 @@ scanned_records = st.builds(
 def test_acquire_plan_property(records: list[ScannedRecord], seed: random.Random) -> None:
     plan = acquire(records)
     others = [r for r in records if r.generation != MY_GEN and r.record is not None]
-    assert plan.move_aside == tuple(
-        sorted(r.name for r in others if r.liveness is Liveness.DEAD)
-    )
+    assert plan.move_aside == tuple(sorted(r.name for r in others if r.liveness is Liveness.DEAD))
     live_relevant = sorted(
         (
             r

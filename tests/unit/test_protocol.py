@@ -43,8 +43,9 @@ json_scalars = (
 )
 json_values: st.SearchStrategy[Any] = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 request_ids: st.SearchStrategy[str | int] = st.text(max_size=20) | st.integers(
@@ -232,19 +233,22 @@ def test_error_of_a_failed_response_without_body_is_internal() -> None:
 
 
 def test_ops_are_the_ops_of_the_spec() -> None:
-    assert frozenset(
-        {
-            "ping",
-            "status",
-            "create_session",
-            "prompt",
-            "sessions",
-            "kill_session",
-            "retry_session",
-            "restart",
-            "shutdown",
-        }
-    ) == OPS
+    assert (
+        frozenset(
+            {
+                "ping",
+                "status",
+                "create_session",
+                "prompt",
+                "sessions",
+                "kill_session",
+                "retry_session",
+                "restart",
+                "shutdown",
+            }
+        )
+        == OPS
+    )
 
 
 # --- LineBuffer -------------------------------------------------------------------------------
