@@ -1,5 +1,10 @@
 """Autostart of a supervisor by a client (SPEC §2), shared by the sync and async clients.
 
+The CLI calls :func:`autostart_and_wait` in-process (it is short-lived, so the daemon is
+re-parented when it exits). A Trio program must not keep a detached daemon as its child (it would
+linger as a zombie after the daemon exits), so ``open_client`` runs the same function in a short
+helper process, ``python -m trio_agentd._autostart``, which exits once the daemon answers.
+
 The client spawns ``python -m trio_agentd --socket S --home H daemon --autostarted`` detached
 (new session, stdio to the daemon log) and polls for a hello. A spawned daemon that loses the
 race to another one exits 0 quietly (``--autostarted``), so the client keeps polling for the
@@ -8,13 +13,16 @@ winner; one that exits non-zero makes the client fail with the exit code and the
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
+from .timing import DEFAULT_TIMING, Timing
 
 LOSER_EXIT = 0
 
@@ -63,3 +71,49 @@ def startup_timeout(layout: Layout, seconds: float) -> AgentdError:
         f"no supervisor answered on {layout.socket} within {seconds:g}s; last lines of"
         f" {layout.log_path}:\n{log_tail(layout.log_path)}",
     )
+
+
+def autostart_and_wait(layout: Layout, timing: Timing = DEFAULT_TIMING) -> None:
+    """Spawn a supervisor and wait until *a* supervisor (ours or a race winner) says hello.
+
+    Raises:
+        AgentdError: ``daemon_unavailable`` with the exit code and log tail if the spawned
+            supervisor failed, or after ``startup_timeout``.
+    """
+    from ._syncclient import probe
+
+    proc = spawn_daemon(layout)
+    deadline = time.monotonic() + timing.startup_timeout
+    while time.monotonic() < deadline:
+        got = probe(layout, timing)
+        if got is not None:
+            got[0].close()
+            return
+        rc = proc.poll()
+        if rc is not None and rc != 0:
+            raise startup_failed(layout, rc)
+        time.sleep(timing.probe_interval)
+    raise startup_timeout(layout, timing.startup_timeout)
+
+
+def main() -> None:
+    """``python -m trio_agentd._autostart --socket S --home H --registry R`` (for open_client)."""
+    from ._errors import AgentdError
+
+    p = argparse.ArgumentParser(prog="trio-agentd-autostart")
+    p.add_argument("--socket", required=True)
+    p.add_argument("--home", required=True)
+    p.add_argument("--registry", required=True)
+    args = p.parse_args()
+    layout = Layout.resolve(socket=args.socket, home=args.home, registry=args.registry)
+    from .timing import timing_from_env
+
+    try:
+        autostart_and_wait(layout, timing_from_env())
+    except AgentdError as exc:
+        print(exc.message, file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -174,6 +174,29 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
     return ms, msg
 
 
+async def _autostart(layout: Layout, timing: Timing) -> None:
+    """Autostart through a helper process, so the daemon never becomes our (zombie) child."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "trio_agentd._autostart", "--socket", layout.socket,
+            "--home", str(layout.home), "--registry", str(layout.registry)]
+    with trio.move_on_after(timing.startup_timeout + 5) as scope:
+        done = await trio.run_process(
+            argv, check=False, capture_stdout=True, capture_stderr=True,
+            stdin=subprocess.DEVNULL,
+        )
+    if scope.cancelled_caught:
+        from ._autostart import startup_timeout
+
+        raise startup_timeout(layout, timing.startup_timeout)
+    if done.returncode != 0:
+        raise AgentdError(
+            ErrorCode.DAEMON_UNAVAILABLE,
+            done.stderr.decode(errors="replace").strip() or "autostart failed",
+        )
+
+
 @contextlib.asynccontextmanager
 async def open_client(
     socket: str | None = None,
@@ -195,21 +218,8 @@ async def open_client(
     check_socket_path(layout.socket)
     got = await _probe(layout, timing)
     if got is None and autostart:
-        from ._autostart import spawn_daemon, startup_failed, startup_timeout
-
-        proc = spawn_daemon(layout)
-        try:
-            with trio.fail_after(timing.startup_timeout):
-                while got is None:
-                    got = await _probe(layout, timing)
-                    if got is not None:
-                        break
-                    rc = proc.poll()
-                    if rc is not None and rc != 0:
-                        raise startup_failed(layout, rc)
-                    await trio.sleep(timing.probe_interval)
-        except trio.TooSlowError:
-            raise startup_timeout(layout, timing.startup_timeout) from None
+        await _autostart(layout, timing)
+        got = await _probe(layout, timing)
     if got is None:
         raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor on {layout.socket}")
     ms, hello = got

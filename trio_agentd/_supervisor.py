@@ -427,10 +427,10 @@ class Supervisor:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
                 continue
+            inflight.value += 1  # counted before the task starts: a half-close cannot race it
             requests.start_soon(self._dispatch, ms, msg, inflight)
 
     async def _dispatch(self, ms: MessageStream, req: Request, inflight: AsyncValue[int]) -> None:
-        inflight.value += 1
         try:
             await self._dispatch_one(ms, req)
         finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -132,19 +131,10 @@ class SyncClient:
         return self.hello
 
     def _autostart(self) -> tuple[_Conn, dict[str, Any]] | None:
-        from ._autostart import spawn_daemon, startup_failed, startup_timeout
+        from ._autostart import autostart_and_wait
 
-        proc = spawn_daemon(self.layout)
-        deadline = time.monotonic() + self.timing.startup_timeout
-        while time.monotonic() < deadline:
-            got = probe(self.layout, self.timing)
-            if got is not None:
-                return got
-            rc = proc.poll()
-            if rc is not None and rc != 0:
-                raise startup_failed(self.layout, rc)
-            time.sleep(self.timing.probe_interval)
-        raise startup_timeout(self.layout, self.timing.startup_timeout)
+        autostart_and_wait(self.layout, self.timing)
+        return probe(self.layout, self.timing)
 
     def request(
         self,

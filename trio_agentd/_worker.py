@@ -320,7 +320,7 @@ class WorkerCore:
         if self.current is conn:
             self.current = None
         log.warning("dropping supervisor generation %s: %s", conn.fence.claim.generation, reason)
-        with trio.move_on_after(0.2):
+        with trio.move_on_after(self.timing.drop_notice_timeout):
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await conn.ms.send(
                     Dropped(code=ErrorCode.SUPERVISOR_GENERATION_STALE, message=reason)
@@ -333,8 +333,11 @@ class WorkerCore:
             await trio.sleep(self.timing.refence_interval)
             for conn in list(self.conns):
                 reason = conn.fence.check()
-                if reason is not None:
-                    await self._drop(conn, f"supervisor lost its claim: {reason}")
+                if reason is not None and self._nursery is not None:
+                    # dropped concurrently: a peer that stopped reading cannot delay the ticks
+                    self._nursery.start_soon(
+                        self._drop, conn, f"supervisor lost its claim: {reason}"
+                    )
 
     # commands ---------------------------------------------------------------------------
     async def _respond(self, conn: _Conn, msg: Any) -> None:

@@ -37,6 +37,8 @@ class Timing:
     admission_wait: float = 30.0
     admission_poll: float = 0.05
     lock_poll: float = 0.005
+    # how long a worker tries to tell a supervisor it is being dropped before closing anyway
+    drop_notice_timeout: float = 0.2
 
 
 DEFAULT_TIMING = Timing()
