@@ -7,7 +7,6 @@ trio so the CLI's warm path can import it cheaply.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -35,6 +34,8 @@ def normalize_socket_path(path: str | os.PathLike[str]) -> str:
 
 def socket_key(normalized_socket: str) -> str:
     """First 12 hex digits of sha256 of the normalized socket path."""
+    import hashlib  # not on the CLI's warm path: only state-dir users need it
+
     return hashlib.sha256(normalized_socket.encode()).hexdigest()[:12]
 
 
@@ -148,6 +149,8 @@ class Layout:
 
     def worker_socket(self, session_id: str) -> str:
         """A short path next to the public socket (sun_path is small; the home may be long)."""
+        import hashlib
+
         digest = hashlib.sha256(session_id.encode()).hexdigest()[:10]
         return os.path.join(self.socket_dir, f"w-{self.key[:8]}-{digest}.sock")
 

@@ -288,3 +288,53 @@ def test_python_dash_m_entry_point_runs() -> None:
     assert cp.returncode == 0
     assert "prompt" in cp.stdout
     assert "daemon" in cp.stdout
+
+
+def test_sigterm_stops_the_supervisor_and_leaves_workers_for_the_next_one(
+    denv: DaemonEnv,
+) -> None:
+    assert denv.prompt("one", session="keep") == "[echo turn 1] one"
+    sup_pid = denv.owner()["pid"]
+    worker_pid = denv.descriptors()[0]["pid"]
+    os.kill(sup_pid, signal.SIGTERM)
+    wait_for(lambda: sup_pid not in denv.our_pids(), timeout=10, what="the supervisor to exit")
+    assert worker_pid in denv.our_pids()
+    assert denv.owner_records() == []  # released cleanly
+    assert not os.path.exists(denv.socket)
+    # the next command autostarts a supervisor that reconnects to the same worker
+    assert denv.prompt("two", session="keep") == "[echo turn 2] two"
+    assert denv.owner()["pid"] != sup_pid
+    assert denv.descriptors()[0]["pid"] == worker_pid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
+def test_other_uid_is_refused_with_permission_denied(denv: DaemonEnv) -> None:
+    denv.prompt("hi")
+    # open the path up so another uid can reach the socket at all; SO_PEERCRED must still refuse
+    os.chmod(denv.root, 0o755)
+    os.chmod(denv.root / "s", 0o711)
+    os.chmod(denv.socket, 0o666)
+    # a forked child (this test is synchronous: no event loop here) drops to uid 65534
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(read_fd)
+            os.setgid(65534)
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(10)
+            s.connect(denv.socket)
+            os.write(write_fd, s.recv(65536))
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    data = b""
+    with os.fdopen(read_fd, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    reply = json.loads(data.splitlines()[0])
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == "permission_denied"
+    assert "uid 65534" in reply["error"]["message"]
+    assert denv.prompt("still serving") == "[echo turn 2] still serving"
