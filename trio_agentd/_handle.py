@@ -1,351 +1,392 @@
-"""One session as the supervisor sees it: its worker process, descriptor and link.
+"""One session as the supervisor sees it: a task that runs the recovery planner.
 
-The handle spawns its worker with the start-gate protocol (config on stdin, descriptor written,
-then ``go``), adopts a live worker from its descriptor, and reconnects or respawns when a call
-finds no usable link. A command is resent over a new link with the same command id; the
-worker's journal returns the stored result instead of running it twice.
+``WorkerHandle.supervise`` is the thin shell around :func:`._recovery.decide`: it performs each
+action (connect, wait, serve, stop, spawn) through a :class:`WorkerOps` — real processes in
+:mod:`._procops`, fakes in :mod:`trio_agentd.testing` — and feeds the outcome back. Every
+timeout is a cancel scope here, so the whole schedule runs on MockClock with fakes.
+
+Commands (``call``) wait until the session is ready, then send over the current link; if the
+link drops mid-command the same command id is resent over the next link, and the worker's
+journal answers it without running it twice.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import os
-import secrets
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import trio
+from trio_util import AsyncValue
 
-from . import _fs
 from ._errors import AgentdError, ErrorCode
-from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
 from ._protocol import Response
-from ._session import Transcript, now_iso, read_meta, write_meta
-from ._worker import WorkerConfig
-from ._workerlink import EventSink, WorkerDropped, WorkerLink, open_worker_link
-
-if TYPE_CHECKING:
-    from ._supervisor import Supervisor
+from ._recovery import (
+    Action,
+    Connect,
+    Connected,
+    ConnectFailed,
+    Demand,
+    Fail,
+    Idle,
+    LinkLost,
+    Mode,
+    Observation,
+    RecoveryState,
+    Retry,
+    Serve,
+    Spawn,
+    Spawned,
+    SpawnFailed,
+    Start,
+    Stop,
+    Stopped,
+    StopRequested,
+    TimerFired,
+    Wait,
+    decide,
+)
+from ._session import now_iso
+from ._workerlink import EventSink, WorkerDropped, WorkerLink
+from .timing import Timing
 
 log = logging.getLogger("trio_agentd.supervisor")
 
-DESCRIPTOR_VERSION = 1
+
+class WorkerOps(Protocol):
+    """The I/O a handle needs. Every async method is bounded by the caller's cancel scope."""
+
+    timing: Timing
+
+    def alive(self, h: WorkerHandle) -> bool:
+        """Is the worker process with the handle's recorded identity running?"""
+        ...
+
+    async def connect(self, h: WorkerHandle) -> WorkerLink:
+        """Connect to the running worker and authenticate (raises AgentdError)."""
+        ...
+
+    async def spawn(self, h: WorkerHandle) -> None:
+        """Start a fresh worker: sets h.pid/start_id/token, descriptor written before the gate
+        opens, returns once the worker listens (raises AgentdError)."""
+        ...
+
+    def signal(self, h: WorkerHandle, sig: int) -> bool:
+        """Identity-checked signal to the worker's process group."""
+        ...
+
+    async def wait_exit(self, h: WorkerHandle) -> None:
+        """Return once the worker process is gone."""
+        ...
+
+    def admission_held(self) -> bool: ...
+
+    def persist(self, h: WorkerHandle) -> None:
+        """Write the handle's descriptor."""
+        ...
 
 
 class WorkerHandle:
-    def __init__(self, sup: Supervisor, session_id: str, agent: str, cwd: str) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        ops: WorkerOps,
+        session_id: str,
+        agent: str,
+        cwd: str,
+        *,
+        created_at: str | None = None,
+    ) -> None:
+        self.ops = ops
+        self.timing = ops.timing
         self.session_id = session_id
         self.agent = agent
         self.cwd = cwd
+        self.created_at = created_at or now_iso()
         self.pid: int | None = None
         self.start_id: str | None = None
         self.token: str | None = None
-        self.state = "stopped"
-        self.restarts = 0
         self.turns = 0
-        self.created_at = now_iso()
+        self.restarts_loaded = 0  # restarts before this supervisor (from the descriptor)
         self.last_prompt = time.monotonic()
         self.link: WorkerLink | None = None
-        self._lock = trio.Lock()
-        self.process: trio.Process | None = None
+        self.state = RecoveryState()
+        self.mode: AsyncValue[Mode] = AsyncValue(Mode.STOPPED)
+        self._demand = trio.Event()
+        self._retry = trio.Event()
+        self._stop_event = trio.Event()
+        self._stop_request: StopRequested | None = None
+        self._readers: trio.Nursery | None = None
+        self.log: list[tuple[float, str]] = []  # (time, what): the schedule, for tests and -v
 
-    # descriptor -----------------------------------------------------------------------
+    # public --------------------------------------------------------------------------------
     @property
-    def layout(self):  # type: ignore[no-untyped-def]
-        return self.sup.layout
-
-    def descriptor(self) -> dict[str, Any]:
-        L = self.sup.layout
-        return {
-            "version": DESCRIPTOR_VERSION,
-            "session": self.session_id,
-            "socket": L.socket,
-            "pid": self.pid,
-            "start_id": self.start_id,
-            "pgid": self.pid,
-            "worker_socket": L.worker_socket(self.session_id),
-            "token_sha256": hashlib.sha256((self.token or "").encode()).hexdigest(),
-            "create": {
-                "argv": [sys.executable, "-m", "trio_agentd.worker"],
-                "cwd": self.cwd,
-                "agent": self.agent,
-                "env": {},
-            },
-            "journal": str(L.journal_path(self.session_id)),
-            "lifecycle": self.state,
-            "restarts": self.restarts,
-            "created_at": self.created_at,
-            "updated_at": now_iso(),
-        }
-
-    def write_descriptor(self) -> None:
-        _fs.atomic_write_json(self.sup.layout.descriptor_path(self.session_id), self.descriptor())
-
-    @classmethod
-    def from_descriptor(cls, sup: Supervisor, desc: dict[str, Any]) -> WorkerHandle:
-        create = desc.get("create") or {}
-        h = cls(sup, str(desc["session"]), str(create.get("agent", "echo")),
-                str(create.get("cwd", "/")))
-        pid = desc.get("pid")
-        h.pid = int(pid) if isinstance(pid, int) else None
-        sid = desc.get("start_id")
-        h.start_id = str(sid) if isinstance(sid, str) else None
-        h.restarts = int(desc.get("restarts", 0) or 0)
-        h.created_at = str(desc.get("created_at", now_iso()))
-        h.state = str(desc.get("lifecycle", "stopped"))
-        token_path = sup.layout.token_path(h.session_id)
-        raw = _fs.read_bytes(token_path)
-        h.token = raw.decode().strip() if raw else None
-        h.turns = Transcript(sup.layout.session_dir(h.session_id)).turns
-        return h
-
-    # liveness ---------------------------------------------------------------------------
-    def alive(self) -> bool:
-        if self.pid is None:
-            return False
-        return liveness(self.pid, self.start_id) is not Liveness.DEAD
+    def restarts(self) -> int:
+        return self.restarts_loaded + self.state.restarts_total
 
     def summary(self) -> dict[str, Any]:
-        alive = self.alive()
-        state = self.state if alive or self.state in ("stopped", "failed", "evicted") else "dead"
+        alive = self.pid is not None and self.mode.value not in (Mode.STOPPED, Mode.FAILED)
         return {
             "session": self.session_id,
             "agent": self.agent,
-            "state": state,
+            "state": str(self.mode.value),
             "pid": self.pid if alive else None,
             "restarts": self.restarts,
             "turns": self.turns,
             "idle_s": round(time.monotonic() - self.last_prompt, 3),
         }
 
-    # links ------------------------------------------------------------------------------
-    async def ensure_link(self) -> WorkerLink:
-        """A usable authenticated link: the current one, a reconnect, or a fresh worker."""
-        async with self._lock:
-            if self.link is not None and not self.link.closed.is_set():
-                return self.link
-            self.link = None
-            timing = self.sup.timing
-            if self.alive() and self.token is not None:
-                try:
-                    with _fail_after(timing.adopt_connect_timeout, "reconnect to the worker"):
-                        return await self._connect()
-                except AgentdError as exc:
-                    log.warning("session %s: worker %s unreachable (%s); replacing it",
-                                self.session_id, self.pid, exc)
-                    await self.stop_process()
-            if self.pid is not None and self.state not in ("stopped", "evicted"):
-                self.restarts += 1
-            await self._spawn()
-            with _fail_after(timing.worker_connect_timeout, "connect to the new worker"):
-                return await self._connect()
+    def request_stop(self, *, graceful: bool = True) -> None:
+        self._stop_request = StopRequested(graceful=graceful)
+        self._stop_event.set()
 
-    async def _connect(self) -> WorkerLink:
-        assert self.token is not None
-        sup = self.sup
-        own = sup.ownership.record
-        link = await open_worker_link(
-            self.sup.layout.worker_socket(self.session_id),
-            token=self.token,
-            generation=sup.generation,
-            pid=own.pid,
-            start_id=own.start_id,
-            socket=sup.layout.socket,
-        )
-        if link.hello.pid != self.pid:
-            await link.aclose()
-            raise AgentdError(
-                ErrorCode.WORKER_UNAVAILABLE,
-                f"worker socket answered with pid {link.hello.pid}, expected {self.pid}",
-            )
-        self.link = link
-        self.state = "ready"
-        sup.service_nursery.start_soon(link.run_reader)
-        return link
+    def retry(self) -> None:
+        self._retry.set()
 
-    async def _spawn(self) -> None:
-        sup = self.sup
-        L = sup.layout
-        self.state = "starting"
-        self.token = secrets.token_hex(16)
-        session_dir = L.session_dir(self.session_id)
-        session_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if read_meta(session_dir) is None:
-            write_meta(session_dir, {"session": self.session_id, "agent": self.agent,
-                                     "cwd": self.cwd, "created_at": self.created_at})
-        _fs.atomic_write(L.token_path(self.session_id), self.token.encode(), mode=0o600)
-        config = WorkerConfig(
-            session_id=self.session_id,
-            agent=self.agent,
-            token=self.token,
-            supervisor_socket=L.socket,
-            registry=str(sup.registry.root),
-            worker_socket=L.worker_socket(self.session_id),
-            journal=str(L.journal_path(self.session_id)),
-            session_dir=str(session_dir),
-            cwd=self.cwd if _is_dir(self.cwd) else str(session_dir),
-        )
-        log_fd = os.open(session_dir / "worker.log",
-                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "trio_agentd.worker"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log_fd,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        finally:
-            os.close(log_fd)
-        self.process = proc
-        self.pid = proc.pid
-        self.start_id = read_start_id(proc.pid)
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        ready = False
-        try:
-            await proc.stdin.send_all(config.to_json().encode() + b"\n")
-            # the descriptor is on disk before the worker does any work
-            self.write_descriptor()
-            await proc.stdin.send_all(b"go\n")
-            await proc.stdin.aclose()
-            with trio.move_on_after(sup.timing.worker_connect_timeout):
-                buf = b""
-                while not buf.endswith(b"\n"):
-                    chunk = await proc.stdout.receive_some(64)
-                    if not chunk:
-                        break
-                    buf += chunk
-                ready = buf.strip() == b"ready"
-        finally:
-            with trio.move_on_after(
-                sup.timing.stop_grace + sup.timing.kill_confirm_timeout + 1, shield=True
-            ):
-                await proc.stdout.aclose()
-                if not ready:
-                    await self.stop_process()
-                    self.state = "failed" if self.restarts else "stopped"
-                    self.write_descriptor()
-        if not ready:
-            tail = _tail(session_dir / "worker.log")
-            raise AgentdError(
-                ErrorCode.WORKER_UNAVAILABLE,
-                f"worker for session {self.session_id} did not become ready; log: {tail}",
-            )
-        sup.service_nursery.start_soon(self._reap, proc)
-        self.state = "ready"
-        self.write_descriptor()
-        log.info("session %s: worker pid %s ready", self.session_id, proc.pid)
-
-    async def _reap(self, proc: trio.Process) -> None:
-        await proc.wait()
-        if self.process is proc:
-            self.process = None
-            log.info("session %s: worker pid %s exited with %s",
-                     self.session_id, proc.pid, proc.returncode)
+    async def wait_stopped(self) -> None:
+        await self.mode.wait_value(lambda m: m in (Mode.STOPPED, Mode.FAILED))
 
     async def call(
         self, op: str, args: dict[str, Any], *, client_id: str, on_event: EventSink | None
     ) -> Response:
-        """Send a command, reconnecting (or respawning) and resending once if the link drops."""
+        """Send a command once the worker is ready, resending the same id if the link drops.
+
+        Raises:
+            AgentdError: ``worker_unavailable`` if the session failed or did not become ready
+                within ``worker_connect_timeout``.
+
+        Cancellation: the command may still run in the worker; a resend with the same id
+        returns its result.
+        """
         last: Exception | None = None
-        for _attempt in range(3):
-            link = await self.ensure_link()
+        for _attempt in range(4):
+            link = await self.wait_ready()
             try:
                 return await link.call(op, args, client_id=client_id, on_event=on_event)
             except WorkerDropped as exc:
                 last = exc
-                with contextlib.suppress(Exception):
-                    await link.aclose()
-                if self.link is link:
-                    self.link = None
+                # the supervise task sees the drop and recovers; wait for the next link
+                await link.closed.wait()
         raise AgentdError(
             ErrorCode.WORKER_UNAVAILABLE,
             f"session {self.session_id}: worker connection kept dropping ({last})",
         )
 
-    async def stop(self) -> None:
-        """Stop the worker gracefully: a ``stop`` command, then TERM/KILL of its group."""
-        async with self._lock:
+    async def wait_ready(self) -> WorkerLink:
+        """The current link once the session is ready (starting a stopped session).
+
+        Raises:
+            AgentdError: ``worker_unavailable`` if it failed or is not ready in time.
+        """
+        if self.mode.value is Mode.STOPPED:
+            self._demand.set()
+        with trio.move_on_after(self.timing.worker_connect_timeout):
+            await self.mode.wait_value(lambda m: m in (Mode.READY, Mode.FAILED))
             link = self.link
-            if link is not None and not link.closed.is_set():
-                with trio.move_on_after(self.sup.timing.stop_grace):
-                    with contextlib.suppress(WorkerDropped, AgentdError):
-                        await link.call("stop", {}, client_id="supervisor")
-                    await self._wait_exit()
-            self.link = None
-            await self.stop_process()
-            self.state = "stopped"
-            with contextlib.suppress(OSError):
-                self.write_descriptor()
-
-    async def _wait_exit(self) -> None:
-        """Wait until the worker process is gone (the caller bounds the wait)."""
-        while self.alive():
-            if self.process is not None:
-                await self.process.wait()
-            else:
-                await _wait_pid_exit(self.pid)
-
-    async def stop_process(self) -> None:
-        """TERM the worker's process group, grace, KILL, confirm exit; identity-checked."""
-        if self.pid is None or not self.alive():
-            return
-        timing = self.sup.timing
-        with trio.CancelScope(shield=True):
-            signal_group_identity_checked(self.pid, self.pid, self.start_id, signal.SIGTERM)
-            with trio.move_on_after(timing.stop_grace):
-                await self._wait_exit()
-            if not self.alive():
-                return
-            signal_group_identity_checked(self.pid, self.pid, self.start_id, signal.SIGKILL)
-            with trio.move_on_after(timing.kill_confirm_timeout):
-                await self._wait_exit()
-
-
-def _is_dir(path: str) -> bool:
-    return os.path.isdir(path)
-
-
-@contextlib.contextmanager
-def _fail_after(seconds: float, what: str) -> Iterator[None]:
-    """``trio.fail_after`` that raises our ``worker_unavailable`` instead of TooSlowError."""
-    try:
-        with trio.fail_after(seconds):
-            yield
-    except trio.TooSlowError:
+            if self.mode.value is Mode.READY and link is not None and not link.closed.is_set():
+                return link
+            if self.mode.value is Mode.FAILED:
+                raise AgentdError(
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"session {self.session_id} failed (restarted more than"
+                    f" {self.timing.restart_intensity} times in {self.timing.restart_window:g}s)"
+                    f" — run `trio-agentd retry {self.session_id}`",
+                )
+            # ready but the link just dropped: wait for the recovery to move on
+            await self.mode.wait_value(lambda m: m is not Mode.READY)
+            return await self.wait_ready()
         raise AgentdError(
-            ErrorCode.WORKER_UNAVAILABLE, f"could not {what} within {seconds:g}s"
-        ) from None
+            ErrorCode.WORKER_UNAVAILABLE,
+            f"session {self.session_id} is {self.mode.value}: its worker did not become ready"
+            f" within {self.timing.worker_connect_timeout:g}s — retry later",
+        )
+
+    # the supervise loop -----------------------------------------------------------------------
+    async def supervise(
+        self, *, alive: bool, wanted: bool, failed: bool = False,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the planner for this session until cancelled (supervisor exit).
+
+        Cancellation: the link to the worker is closed; the worker keeps running.
+        """
+        state, action = decide(
+            self.state, Start(alive=alive, wanted=wanted, failed=failed), trio.current_time(),
+            self.timing, admission_held=self.ops.admission_held(),
+        )
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._readers = nursery
+                while True:
+                    self._publish(state)
+                    obs = await self._perform(action)
+                    if self._stop_request is not None and isinstance(
+                        obs, Connected | Spawned | TimerFired
+                    ):
+                        # a stop arrived during an uninterruptible action: serve it now
+                        state, action = decide(state, obs, trio.current_time(), self.timing)
+                        self._publish(state)
+                        obs = self._take_stop()
+                    state, action = decide(
+                        state, obs, trio.current_time(), self.timing,
+                        admission_held=self.ops.admission_held(),
+                    )
+        finally:
+            if self.link is not None:
+                with trio.move_on_after(1, shield=True):
+                    await self.link.aclose()
+
+    def _publish(self, state: RecoveryState) -> None:
+        self.state = state
+        if self.mode.value is not state.mode:
+            self._note(f"mode {state.mode}")
+            self.mode.value = state.mode
+            with contextlib.suppress(OSError):
+                self.ops.persist(self)
+
+    def _note(self, what: str) -> None:
+        self.log.append((trio.current_time(), what))
+        log.debug("session %s: %s", self.session_id, what)
+
+    def _take_stop(self) -> StopRequested:
+        req = self._stop_request or StopRequested()
+        self._stop_request = None
+        self._stop_event = trio.Event()
+        return req
+
+    async def _perform(self, action: Action) -> Observation:
+        match action:
+            case Connect(timeout=timeout):
+                self._note("connect")
+                with trio.move_on_after(timeout):
+                    return await self._connect()
+                self._note("connect timed out")
+                return ConnectFailed(alive=self.ops.alive(self))
+            case Wait(seconds=seconds):
+                self._note(f"wait {seconds:g}")
+                stopped = await _race(_sleep(seconds), self._stop_event.wait()) == 1
+                return self._take_stop() if stopped else TimerFired()
+            case Serve():
+                link = self.link
+                assert link is not None
+                self._note("ready")
+                stopped = await _race(link.closed.wait(), self._stop_event.wait()) == 1
+                if stopped:
+                    return self._take_stop()
+                self.link = None
+                await link.aclose()
+                self._note("link lost")
+                return LinkLost(alive=self.ops.alive(self))
+            case Stop(graceful=graceful):
+                return await self._stop(graceful=graceful)
+            case Spawn(timeout=timeout):
+                self._note("spawn")
+                with trio.move_on_after(timeout):
+                    if await self._spawn():
+                        return Spawned()
+                # failed or not ready in time: make sure it is gone before anything else
+                await self._stop(graceful=False)
+                return SpawnFailed()
+            case Idle():
+                stopped = await _race(self._demand.wait(), self._stop_event.wait()) == 1
+                if stopped:
+                    return self._take_stop()
+                self._demand = trio.Event()  # consumed
+                return Demand()
+            case Fail():
+                self._note("failed")
+                stopped = await _race(self._retry.wait(), self._stop_event.wait()) == 1
+                if stopped:
+                    return self._take_stop()
+                self._retry = trio.Event()  # consumed
+                return Retry()
+
+    async def _connect(self) -> Observation:
+        """One attempt (the caller bounds it); a refusal is reported at once: the delays
+        between attempts are the planner's."""
+        try:
+            self._adopt_link(await self.ops.connect(self))
+            return Connected()
+        except AgentdError as exc:
+            self._note(f"connect failed: {exc.message}")
+            return ConnectFailed(alive=self.ops.alive(self))
+
+    async def _spawn(self) -> bool:
+        """Start a worker and connect to it (the caller bounds it)."""
+        try:
+            await self.ops.spawn(self)
+            self._adopt_link(await self.ops.connect(self))
+        except AgentdError as exc:
+            self._note(f"spawn failed: {exc.message}")
+            return False
+        self._note(f"spawned pid {self.pid}")
+        return True
+
+    def _adopt_link(self, link: WorkerLink) -> None:
+        """Make ``link`` current; its reader runs in the handle's nursery for the link's life."""
+        self.link = link
+        assert self._readers is not None
+        self._readers.start_soon(link.run_reader)
+
+    async def _graceful_stop(self, link: WorkerLink) -> None:
+        with trio.move_on_after(self.timing.stop_grace):
+            with contextlib.suppress(WorkerDropped, AgentdError):
+                await link.call("stop", {}, client_id="supervisor")
+            await self.ops.wait_exit(self)
+
+    async def _stop(self, *, graceful: bool) -> Stopped:
+        """TERM the worker's group, ``stop_grace``, KILL, confirm exit; identity-checked.
+
+        Cancellation: shielded (each wait inside is bounded): a stop always completes.
+        """
+        with trio.CancelScope(shield=True):
+            return await self._stop_now(graceful=graceful)
+        raise AssertionError("unreachable: a shielded scope swallows nothing")
+
+    async def _stop_now(self, *, graceful: bool) -> Stopped:
+        if self.link is not None:
+            if graceful:
+                await self._graceful_stop(self.link)
+            with trio.move_on_after(1):
+                await self.link.aclose()
+            self.link = None
+        if self.pid is None or not self.ops.alive(self):
+            self._note("stopped")
+            return Stopped(confirmed=True)
+        self._note("term")
+        self.ops.signal(self, signal.SIGTERM)
+        with trio.move_on_after(self.timing.stop_grace):
+            await self.ops.wait_exit(self)
+        if not self.ops.alive(self):
+            self._note("stopped")
+            return Stopped(confirmed=True)
+        self._note("kill")
+        self.ops.signal(self, signal.SIGKILL)
+        with trio.move_on_after(self.timing.kill_confirm_timeout):
+            await self.ops.wait_exit(self)
+        confirmed = not self.ops.alive(self)
+        self._note("stopped" if confirmed else "survived kill")
+        return Stopped(confirmed=confirmed)
 
 
-async def _wait_pid_exit(pid: int | None) -> None:
-    """Wait for a process that is not our child to exit: a pidfd where there is one."""
-    if pid is None:
-        return
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is None:
-        await trio.sleep(0.01)
-        return
-    try:
-        fd = pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        await trio.lowlevel.wait_readable(fd)
-    finally:
-        os.close(fd)
+async def _sleep(seconds: float) -> None:
+    await trio.sleep(seconds)
 
 
-def _tail(path: Path, lines: int = 5) -> str:
-    data = _fs.read_bytes(path) or b""
-    return " | ".join(data.decode(errors="replace").strip().splitlines()[-lines:]) or "(empty)"
+async def _race(first: Awaitable[Any], second: Awaitable[Any]) -> int:
+    """Wait for whichever of two awaitables finishes first: its index, 0 or 1."""
+    winner: list[int] = []
+
+    async def run(aw: Awaitable[Any], index: int, cancel: Callable[[], None]) -> None:
+        await aw
+        if not winner:
+            winner.append(index)
+        cancel()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(run, first, 0, n.cancel_scope.cancel)
+        n.start_soon(run, second, 1, n.cancel_scope.cancel)
+    return winner[0]

@@ -37,6 +37,7 @@ from ._handle import WorkerHandle
 from ._identity import own_start_id
 from ._ownership import Phase
 from ._paths import Layout, check_socket_path, ensure_private_dir
+from ._procops import ProcessWorkerOps
 from ._protocol import (
     APP_VERSION,
     CAPABILITIES,
@@ -49,6 +50,7 @@ from ._protocol import (
     ok,
 )
 from ._protocol import Event as EventMsg
+from ._recovery import Mode
 from ._registry import Ownership, Registry
 from ._session import check_session_id, read_meta
 from ._stream import MessageStream
@@ -98,7 +100,10 @@ class Supervisor:
         )
         self.start_id = own_start_id()
         self.started_at = time.monotonic()
+        self.ops = ProcessWorkerOps(self.layout, self.ownership, self.timing)
         self.sessions: dict[str, WorkerHandle] = {}
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._loaded: list[tuple[WorkerHandle, bool, Mode]] = []
         self._create_lock = trio.Lock()
         self.shutdown_requested = trio.Event()
         self.stop_workers = config.stop_workers_on_exit
@@ -141,7 +146,12 @@ class Supervisor:
                 self._load_descriptors()
                 async with trio.open_nursery() as service:
                     self._service = service
+                    self.ops.nursery = service
                     self.ownership.bind_nursery(service)
+                    # adoption: every descriptor's session at once, in this one nursery
+                    for h, alive, lifecycle in self._loaded:
+                        await self._supervise(h, alive=alive, lifecycle=lifecycle)
+                    self._loaded.clear()
                     async with trio.open_nursery() as clients:
                         self._clients = clients
                         service.start_soon(self._signals)
@@ -175,14 +185,15 @@ class Supervisor:
             await self.ownership.set_phase(Phase.STOPPING)
         self._close_listener(unlink=True)
         if self.stop_workers:
-            with trio.move_on_after(self.timing.stop_grace + self.timing.kill_confirm_timeout + 2):
-                async with trio.open_nursery() as n:
-                    for h in list(self.sessions.values()):
-                        n.start_soon(h.stop)
-        else:
-            for h in self.sessions.values():
-                if h.link is not None:
-                    await h.link.aclose()
+            with trio.move_on_after(
+                2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 2
+            ):
+                for h in self.sessions.values():
+                    h.request_stop(graceful=True)
+                for h in self.sessions.values():
+                    await h.wait_stopped()
+        for scope in self._scopes.values():
+            scope.cancel()
         with contextlib.suppress(OSError):
             (self.layout.generations_dir / self.generation).rmdir()
         log.info("supervisor generation %s stopped (workers %s)", self.generation,
@@ -324,15 +335,29 @@ class Supervisor:
     def _load_descriptors(self) -> None:
         for path in sorted(self.layout.workers_dir.glob("*.json")):
             try:
-                desc = json.loads(path.read_bytes())
-                if not isinstance(desc, dict) or desc.get("socket") != self.layout.socket:
-                    raise ValueError("not a descriptor of this socket")
-                check_session_id(str(desc.get("session")))
-                h = WorkerHandle.from_descriptor(self, desc)
-            except (OSError, ValueError, KeyError, TypeError, AgentdError) as exc:
-                log.error("skipping unreadable worker descriptor %s: %s", path, exc)
+                h, alive, lifecycle = self.ops.load(path)
+            except ValueError as exc:
+                log.error("skipping worker descriptor %s: %s — move it away to silence this",
+                          path, exc)
                 continue
             self.sessions[h.session_id] = h
+            self._loaded.append((h, alive, lifecycle))
+
+    async def _supervise(self, h: WorkerHandle, *, alive: bool, lifecycle: Mode) -> None:
+        """Start the session's supervise task in the service nursery (its own cancel scope)."""
+        scope = trio.CancelScope()
+        self._scopes[h.session_id] = scope
+
+        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                await h.supervise(
+                    alive=alive,
+                    wanted=lifecycle not in (Mode.STOPPED, Mode.FAILED),
+                    failed=lifecycle is Mode.FAILED and not alive,
+                    task_status=task_status,
+                )
+
+        await self.service_nursery.start(run)
 
     async def get_session(
         self, session_id: str, agent: str | None, cwd: str | None, *, create: bool
@@ -353,11 +378,12 @@ class Supervisor:
                 if known_agent is not None and agent is not None and agent != known_agent:
                     raise _agent_mismatch(session_id, known_agent, agent)
                 validate_agent_spec(use_agent)
-                h = WorkerHandle(
-                    self, session_id, use_agent,
+                h = self.ops.new_handle(
+                    session_id, use_agent,
                     (meta or {}).get("cwd") or cwd or str(self.layout.session_dir(session_id)),
                 )
                 self.sessions[session_id] = h
+                await self._supervise(h, alive=False, lifecycle=Mode.STOPPED)
             elif agent is not None and agent != h.agent:
                 raise _agent_mismatch(session_id, h.agent, agent)
             return h
@@ -470,24 +496,27 @@ class Supervisor:
                     _str_arg(args, "session"), _opt_str(args, "agent"), _opt_str(args, "cwd"),
                     create=True,
                 )
-                await h.ensure_link()
+                await h.wait_ready()
                 return h.summary()
             case "prompt":
                 return await self._prompt(ms, req)
             case "kill_session":
                 sid = _str_arg(args, "session")
                 victim = self._known(sid)
-                await victim.stop()
-                self.sessions.pop(sid, None)
-                for p in (self.layout.descriptor_path(sid), self.layout.token_path(sid)):
-                    with contextlib.suppress(FileNotFoundError):
-                        p.unlink()
-                return {"session": sid, "killed": True}
+                victim.request_stop(graceful=True)
+                with trio.move_on_after(
+                    2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 1
+                ):
+                    await victim.wait_stopped()
+                stopped = victim.mode.value is Mode.STOPPED
+                if stopped:
+                    self.sessions.pop(sid, None)
+                    self._scopes.pop(sid).cancel()
+                    self.ops.forget(sid)
+                return {"session": sid, "killed": stopped, "state": str(victim.mode.value)}
             case "retry_session":
                 again = self._known(_str_arg(args, "session"))
-                again.restarts = 0
-                if again.state == "failed":
-                    again.state = "stopped"
+                again.retry()
                 return again.summary()
             case "shutdown":
                 return {"generation": self.generation, "pid": os.getpid(),
@@ -519,12 +548,6 @@ class Supervisor:
             _opt_str(args, "session") or "default", _opt_str(args, "agent"),
             _opt_str(args, "cwd"), create=True,
         )
-        if h.state == "failed":
-            raise AgentdError(
-                ErrorCode.WORKER_UNAVAILABLE,
-                f"session {h.session_id} failed too often — run `trio-agentd retry"
-                f" {h.session_id}`",
-            )
         h.last_prompt = time.monotonic()
 
         async def relay(event: dict[str, Any]) -> None:

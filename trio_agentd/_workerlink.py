@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import socket as _socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -98,8 +97,8 @@ class WorkerLink:
         await self.ms.aclose()
 
 
-async def open_worker_link(
-    path: str,
+async def link_over_stream(
+    stream: trio.abc.Stream,
     *,
     token: str,
     generation: str,
@@ -107,26 +106,12 @@ async def open_worker_link(
     start_id: str | None,
     socket: str,
 ) -> WorkerLink:
-    """Connect to a worker's private socket and authenticate.
-
-    The caller bounds it with a cancel scope (``adopt_connect_timeout`` for a live worker,
-    ``worker_connect_timeout`` for a fresh one).
+    """Authenticate to a worker over a connected stream (the caller bounds the time).
 
     Raises:
         AgentdError: ``worker_unavailable`` naming why.
     """
-    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        await sock.connect(path)
-    except OSError as exc:
-        sock.close()
-        raise AgentdError(
-            ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
-        ) from None
-    except BaseException:
-        sock.close()
-        raise
-    ms = MessageStream(trio.SocketStream(sock))
+    ms = MessageStream(stream)
     try:
         hello = await ms.receive()
         if not isinstance(hello, WorkerHello):
@@ -143,7 +128,7 @@ async def open_worker_link(
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         await ms.aclose()
         raise AgentdError(
-            ErrorCode.WORKER_UNAVAILABLE, f"lost worker at {path} during auth: {exc}"
+            ErrorCode.WORKER_UNAVAILABLE, f"lost the worker during auth: {exc}"
         ) from None
     except BaseException:
         await ms.aclose()

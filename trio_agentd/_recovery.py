@@ -1,0 +1,315 @@
+"""The recovery planner: what the supervisor does next for one session's worker. Pure.
+
+Theory of operation
+-------------------
+Each session is supervised by one task that alternates between *doing* an :data:`Action` and
+*observing* its outcome as an :data:`Observation`. :func:`decide` maps ``(state, observation,
+now)`` to ``(state, action)``; it reads no clock and does no I/O, so the schedule of SPEC §6 is
+tested with plain asserts and, through the shell, on MockClock.
+
+The schedule, when a worker connection drops:
+
+* process dead → respawn at once (subject to the restart intensity);
+* process alive → reconnect after ``worker_retry_delays`` (0.25 s, 1 s, 5 s), each attempt
+  bounded by ``adopt_connect_timeout``;
+* still unreachable → deferred recovery: probe every ``deferred_recovery_recheck`` for at most
+  ``max_deferred_recovery_rounds``;
+* then stop it (TERM to its group, ``stop_grace``, KILL, confirm exit) and respawn; a fresh
+  worker has ``worker_connect_timeout`` to become ready.
+
+More than ``restart_intensity`` respawns within ``restart_window`` marks the session ``failed``
+until ``retry``. Respawns and stops defer while a shutdown admission is held.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from .timing import Timing
+
+
+class Mode(enum.StrEnum):
+    """What the session's worker is doing; also the descriptor lifecycle and `sessions` state."""
+
+    STOPPED = "stopped"  # no worker wanted now; the next prompt starts one
+    STARTING = "starting"  # spawning a fresh worker
+    ADOPTING = "adopting"  # reconnecting to a live worker found at supervisor start
+    READY = "ready"
+    RECOVERING = "recovering"  # reconnect attempts, then deferred rounds
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+# --- observations ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The supervisor found this session (descriptor) or created it."""
+
+    alive: bool  # a worker process with the recorded identity is running
+    wanted: bool  # it should run now (not stopped / evicted / failed)
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectFailed:
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LinkLost:
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    confirmed: bool  # the process is gone (exit confirmed after SIGKILL at the latest)
+
+
+@dataclass(frozen=True, slots=True)
+class Spawned:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnFailed:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """A prompt wants this session."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """`trio-agentd retry SESSION`: re-arm a failed session."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    """kill / eviction / shutdown: stop the worker and do not respawn it."""
+
+    graceful: bool = True
+
+
+Observation = (
+    Start | Connected | ConnectFailed | LinkLost | TimerFired | Stopped | Spawned | SpawnFailed
+    | Demand | Retry | StopRequested
+)
+
+# --- actions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """Connected: route commands until the link drops (→ LinkLost) or a stop is requested."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    graceful: bool  # ask the worker to stop over its link before TERM
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    timeout: float  # start gate to authenticated link
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nothing to do until a Demand (or StopRequested)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Marked failed: nothing to do until a Retry."""
+
+
+Action = Connect | Wait | Serve | Stop | Spawn | Idle | Fail
+
+
+class Pending(enum.StrEnum):
+    NONE = ""
+    STOP = "stop"
+    RESPAWN = "respawn"  # a crash respawn: counts toward the restart intensity
+    START = "start"  # a start on demand or after retry: does not count
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryState:
+    mode: Mode = Mode.STOPPED
+    attempts: int = 0  # reconnect attempts made in this recovery episode
+    rounds: int = 0  # deferred probe rounds made
+    respawns: tuple[float, ...] = ()  # times of recent respawns (within the window)
+    restarts_total: int = 0  # every crash respawn since the session was loaded
+    stop_wanted: bool = False  # a stop was requested: do not respawn after it
+    deferred: Pending = Pending.NONE  # an action postponed by a held shutdown admission
+    graceful: bool = False
+
+
+
+def decide(
+    state: RecoveryState,
+    obs: Observation,
+    now: float,
+    timing: Timing,
+    *,
+    admission_held: bool = False,
+) -> tuple[RecoveryState, Action]:
+    """The next state and action after ``obs`` at time ``now``."""
+    match obs:
+        case Start(alive=alive, wanted=wanted, failed=failed):
+            if failed:
+                return replace(state, mode=Mode.FAILED), Fail()
+            if alive:
+                return replace(state, mode=Mode.ADOPTING), Connect(timing.adopt_connect_timeout)
+            if wanted:
+                return _respawn(state, now, timing, admission_held)
+            return replace(state, mode=Mode.STOPPED), Idle()
+        case Connected() | Spawned():
+            return (
+                replace(state, mode=Mode.READY, attempts=0, rounds=0, deferred=Pending.NONE),
+                Serve(),
+            )
+        case LinkLost(alive=alive):
+            if state.stop_wanted:
+                return _stop(state, timing, admission_held, graceful=False)
+            if not alive:
+                return _respawn(state, now, timing, admission_held)
+            return _next_reconnect(replace(state, attempts=0, rounds=0), timing)
+        case ConnectFailed(alive=alive):
+            if state.stop_wanted:
+                return _stop(state, timing, admission_held, graceful=False)
+            if not alive:
+                return _respawn(state, now, timing, admission_held)
+            if state.mode is Mode.ADOPTING:
+                return _next_reconnect(replace(state, attempts=0, rounds=0), timing)
+            return _next_reconnect(state, timing)
+        case TimerFired():
+            if state.deferred is Pending.STOP:
+                return _stop(state, timing, admission_held, graceful=state.graceful)
+            if state.deferred is not Pending.NONE:
+                return _respawn(state, now, timing, admission_held,
+                                count=state.deferred is Pending.RESPAWN)
+            if state.mode is Mode.RECOVERING:
+                if state.attempts < len(timing.worker_retry_delays):
+                    return replace(state, attempts=state.attempts + 1), Connect(
+                        timing.adopt_connect_timeout
+                    )
+                return replace(state, rounds=state.rounds + 1), Connect(
+                    timing.adopt_connect_timeout
+                )
+            return state, Idle() if state.mode is Mode.STOPPED else Fail()
+        case Stopped(confirmed=confirmed):
+            if not confirmed:
+                # never start a second worker beside one we could not stop
+                return replace(state, mode=Mode.FAILED, deferred=Pending.NONE), Fail()
+            if state.stop_wanted:
+                return (
+                    replace(state, mode=Mode.STOPPED, stop_wanted=False, deferred=Pending.NONE),
+                    Idle(),
+                )
+            return _respawn(state, now, timing, admission_held)
+        case SpawnFailed():
+            if state.stop_wanted:
+                return replace(state, mode=Mode.STOPPED, stop_wanted=False), Idle()
+            return _respawn(state, now, timing, admission_held)
+        case Demand():
+            if state.mode is Mode.STOPPED:
+                return _respawn(state, now, timing, admission_held, count=False)
+            return state, _current_action(state)
+        case Retry():
+            if state.mode is Mode.FAILED:
+                return _respawn(replace(state, respawns=()), now, timing, admission_held,
+                                count=False)
+            return replace(state, respawns=()), _current_action(state)
+        case StopRequested(graceful=graceful):
+            if state.mode in (Mode.STOPPED, Mode.FAILED):
+                return replace(state, mode=Mode.STOPPED, stop_wanted=False), Idle()
+            return _stop(replace(state, stop_wanted=True), timing, admission_held,
+                         graceful=graceful)
+
+
+def _current_action(state: RecoveryState) -> Action:
+    match state.mode:
+        case Mode.READY:
+            return Serve()
+        case Mode.FAILED:
+            return Fail()
+        case _:
+            return Idle()
+
+
+def _next_reconnect(state: RecoveryState, timing: Timing) -> tuple[RecoveryState, Action]:
+    delays = timing.worker_retry_delays
+    if state.attempts < len(delays):
+        return replace(state, mode=Mode.RECOVERING), Wait(delays[state.attempts])
+    if state.rounds < timing.max_deferred_recovery_rounds:
+        return replace(state, mode=Mode.RECOVERING), Wait(timing.deferred_recovery_recheck)
+    return _stop(state, timing, False, graceful=False)
+
+
+def _stop(
+    state: RecoveryState, timing: Timing, admission_held: bool, *, graceful: bool
+) -> tuple[RecoveryState, Action]:
+    # an operator's stop (kill, shutdown) is never deferred; recovery's own stop is
+    if admission_held and not state.stop_wanted:
+        return (
+            replace(state, mode=Mode.RECOVERING, deferred=Pending.STOP, graceful=graceful),
+            Wait(timing.admission_poll),
+        )
+    return (
+        replace(state, mode=Mode.STOPPING, deferred=Pending.NONE, graceful=graceful),
+        Stop(graceful=graceful),
+    )
+
+
+def _respawn(
+    state: RecoveryState,
+    now: float,
+    timing: Timing,
+    admission_held: bool,
+    *,
+    count: bool = True,
+) -> tuple[RecoveryState, Action]:
+    if admission_held:
+        pending = Pending.RESPAWN if count else Pending.START
+        return replace(state, mode=Mode.RECOVERING, deferred=pending), Wait(
+            timing.admission_poll
+        )
+    recent = tuple(t for t in state.respawns if now - t < timing.restart_window)
+    total = state.restarts_total
+    if count:
+        if len(recent) >= timing.restart_intensity:
+            return replace(state, mode=Mode.FAILED, respawns=recent,
+                           deferred=Pending.NONE), Fail()
+        recent = (*recent, now)
+        total += 1
+    return (
+        replace(state, mode=Mode.STARTING, respawns=recent, restarts_total=total, attempts=0,
+                rounds=0, deferred=Pending.NONE),
+        Spawn(timing.worker_connect_timeout),
+    )

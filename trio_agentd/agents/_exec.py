@@ -1,0 +1,392 @@
+"""The ``exec:COMMAND`` agent, and the per-turn process runner it shares with ``shell``.
+
+Theory of operation. Each turn starts one child in a new session, so the child leads its own
+process group (pgid == its pid) and everything it spawns joins that group unless it detaches on
+purpose (``setsid``). The group is the turn's: when the turn ends — normally, by an error or by
+cancellation — whatever is left of it is killed and the leader is reaped. The runner never reaps
+the leader before it is done signalling the group: an unreaped (zombie) leader keeps its pid, so
+``killpg(leader_pid)`` cannot reach an unrelated group that reused the number. It waits for the
+leader's exit on its own pidfd instead, which does not reap.
+
+Output is read from a pipe and yielded chunk by chunk as it arrives; the turn lasts until the
+output pipe is closed by every holder *and* the leader has exited (as ``$(...)`` in a shell
+does). The prompt of an ``exec`` turn goes to the child's stdin through a pipe. Writing it must
+not wait for the child to read it all: a child that writes a lot before reading the rest (``cat``
+with a large prompt) would fill its stdout pipe while we sit on a full stdin pipe. So the writer
+runs next to every wait for output, in a nursery that closes before each chunk is yielded (a
+nursery must not stay open across a ``yield`` of an async generator), and it is resumable: it
+writes with non-blocking ``os.write`` and keeps its own offset, so cancelling it loses nothing.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import trio
+
+from .._errors import AgentdError, ErrorCode
+from ._base import TurnContext
+
+_T = TypeVar("_T")
+
+KILL_GRACE = 2.0
+"""Seconds between SIGTERM and SIGKILL of a cancelled turn's process group.
+
+Well under the supervisor's ``stop_grace``, so a worker told to stop still cleans up its
+children before the supervisor escalates on the worker itself.
+"""
+
+_REAP_BOUND = 2.0
+"""Seconds allowed, after SIGKILL, for the leader to be reaped (it cannot ignore SIGKILL; this
+only bounds a process stuck in the kernel)."""
+
+_READ_SIZE = 65536
+_WRITE_SIZE = 65536
+
+
+def parse_exec_command(command: str) -> list[str]:
+    """Split the ``COMMAND`` of ``exec:COMMAND`` as a POSIX shell would, without running one.
+
+    Raises:
+        AgentdError: ``bad_request`` if the command is empty or cannot be split.
+    """
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise AgentdError(
+            ErrorCode.BAD_REQUEST,
+            f"cannot split the command of agent exec:{command}: {exc} — quote it as you would"
+            " in a POSIX shell",
+        ) from None
+    if not argv or not argv[0]:
+        raise AgentdError(
+            ErrorCode.BAD_REQUEST,
+            f"agent exec:{command} names no command — give the program to run, e.g. exec:cat",
+        )
+    return argv
+
+
+def child_environment(ctx: TurnContext) -> dict[str, str]:
+    """The worker's environment plus the variables that tell a child which turn it serves."""
+    return {
+        **os.environ,
+        "TRIO_AGENTD_SESSION": ctx.session_id,
+        "TRIO_AGENTD_TURN": str(ctx.turn),
+    }
+
+
+def exit_chunk(returncode: int, *, at_line_start: bool) -> str | None:
+    """The last chunk of a turn whose process did not succeed, or ``None`` if it did.
+
+    A reply is text for people and programs alike, so the status starts on a line of its own and
+    ends one. A negative return code is a death by signal (``subprocess`` convention).
+    """
+    if returncode == 0:
+        return None
+    if returncode < 0:
+        try:
+            what = f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            what = f"killed by signal {-returncode}"
+    else:
+        what = f"exit status {returncode}"
+    return ("" if at_line_start else "\n") + f"[{what}]\n"
+
+
+def _spawn_error(argv: Sequence[str], cwd: Path, exc: OSError) -> AgentdError:
+    """Name what could not be started and how to fix it (SPEC §7: one line, cause and fix)."""
+    if exc.filename is not None and os.fsdecode(exc.filename) == os.fsdecode(cwd):
+        return AgentdError(
+            ErrorCode.BAD_REQUEST,
+            f"cannot run {argv[0]!r} in the session's directory {cwd}: {exc.strerror} — create"
+            " the directory or start the session with another --cwd",
+        )
+    name = argv[0]
+    if isinstance(exc, FileNotFoundError):
+        where = (
+            f"at {name!r} (relative to {cwd})"
+            if "/" in name
+            else f"named {name!r} on PATH"
+        )
+        return AgentdError(
+            ErrorCode.BAD_REQUEST,
+            f"agent exec:{shlex.join(argv)}: no executable {where} — install it, or name it by"
+            f" its full path (exec:/full/path/to/{os.path.basename(name)} ...)",
+        )
+    if isinstance(exc, PermissionError):
+        return AgentdError(
+            ErrorCode.BAD_REQUEST,
+            f"agent exec:{shlex.join(argv)}: {name!r} is not executable ({exc.strerror}) — make"
+            f" it executable (chmod +x) or name another program",
+        )
+    return AgentdError(
+        ErrorCode.BAD_REQUEST,
+        f"agent exec:{shlex.join(argv)}: cannot start {name!r}: {exc} — check the command",
+    )
+
+
+class _StdinFeeder:
+    """Writes the prompt into the child's stdin pipe, then closes the pipe.
+
+    Resumable: ``run`` may be cancelled at any checkpoint and called again later, losing nothing,
+    because it keeps its own offset and never writes through a stream that a cancelled
+    ``send_all`` would leave in an unknown state.
+    """
+
+    def __init__(self, fd: int, data: bytes) -> None:
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
+        self._data = memoryview(data)
+        self._sent = 0
+
+    @property
+    def done(self) -> bool:
+        return self._fd is None
+
+    async def run(self) -> None:
+        """Write until everything is written (then close) or the child closes its end.
+
+        Cancellation: stops between writes; what was written stays written.
+        """
+        while self._fd is not None:
+            if self._sent >= len(self._data):
+                self.close()
+                break
+            await trio.lowlevel.wait_writable(self._fd)
+            try:
+                self._sent += os.write(self._fd, self._data[self._sent : self._sent + _WRITE_SIZE])
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                # the child closed its stdin: it does not want the rest
+                self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
+
+class _GroupRun:
+    """One started child leading its own process group, and the plumbing around it."""
+
+    def __init__(
+        self, proc: trio.Process, stdout: trio.abc.ReceiveStream, pidfd: int,
+        feeder: _StdinFeeder | None,
+    ) -> None:
+        self.proc = proc
+        self.stdout = stdout
+        self.pidfd = pidfd
+        self.feeder = feeder
+        self.leader_exited = False
+        self.returncode: int | None = None
+
+    @classmethod
+    async def start(
+        cls, argv: Sequence[str], *, ctx: TurnContext, stdin: bytes | None, merge_stderr: bool
+    ) -> _GroupRun:
+        """Start ``argv`` in its own session; on failure nothing is left running or open.
+
+        Returns with no checkpoint after the process exists, so a caller that enters its
+        ``try``/``finally`` right away cannot lose the process to a cancellation.
+
+        Raises:
+            AgentdError: ``bad_request`` if the program or the directory cannot be used.
+        """
+        feeder: _StdinFeeder | None = None
+        child_stdin: int = subprocess.DEVNULL
+        if stdin is not None:
+            child_stdin, write_end = os.pipe()  # both ends close-on-exec; Popen dups ours to 0
+            feeder = _StdinFeeder(write_end, stdin)
+        try:
+            try:
+                proc = await trio.lowlevel.open_process(
+                    list(argv),
+                    stdin=child_stdin,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT if merge_stderr else None,
+                    cwd=ctx.cwd,
+                    env=child_environment(ctx),
+                    start_new_session=True,
+                )
+            finally:
+                if feeder is not None:
+                    os.close(child_stdin)
+        except OSError as exc:
+            if feeder is not None:
+                feeder.close()
+            raise _spawn_error(argv, ctx.cwd, exc) from None
+        except BaseException:
+            if feeder is not None:
+                feeder.close()
+            raise
+        assert proc.stdout is not None
+        if stdin == b"" and feeder is not None:
+            feeder.close()
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError as exc:
+            # cannot watch the leader without reaping it: kill the group now, while its pid is
+            # still held by the unreaped leader, and give up
+            _signal_group(proc.pid, signal.SIGKILL)
+            if feeder is not None:
+                feeder.close()
+            with trio.move_on_after(_REAP_BOUND, shield=True):
+                await proc.wait()
+                await proc.stdout.aclose()
+            raise AgentdError(
+                ErrorCode.INTERNAL, f"cannot watch the process of {argv[0]!r}: {exc}"
+            ) from None
+        return cls(proc, proc.stdout, pidfd, feeder)
+
+    async def _feeding(self, wait: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``wait`` while the prompt is still being written; the writer stops when it ends."""
+        feeder = self.feeder
+        if feeder is None or feeder.done:
+            return await wait()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feeder.run)
+            result = await wait()
+            nursery.cancel_scope.cancel()
+        return result
+
+    async def receive(self) -> bytes:
+        """The next piece of output, ``b""`` once nobody holds the output pipe any more."""
+        return await self._feeding(lambda: self.stdout.receive_some(_READ_SIZE))
+
+    async def wait_leader_exit(self) -> None:
+        """Wait until the leader has exited, without reaping it (see the module docstring)."""
+        await self._feeding(lambda: trio.lowlevel.wait_readable(self.pidfd))
+        self.leader_exited = True
+
+    async def finish(self, grace: float) -> None:
+        """Kill what is left of the group, reap the leader, close every descriptor.
+
+        A leader still running gets SIGTERM with the rest of its group and ``grace`` seconds to
+        exit; then the group gets SIGKILL, which also takes any member that outlived its leader
+        (nothing started by a turn outlives it). The caller bounds and shields this.
+
+        Cancellation: must not be; the caller shields it. Cut short by the caller's bound, the
+        descriptors are still closed but the leader may stay unreaped.
+        """
+        try:
+            if self.feeder is not None:
+                self.feeder.close()
+            pgid = self.proc.pid
+            if not self.leader_exited:
+                _signal_group(pgid, signal.SIGTERM)
+                with trio.move_on_after(grace):
+                    await trio.lowlevel.wait_readable(self.pidfd)
+            _signal_group(pgid, signal.SIGKILL)
+            self.returncode = await self.proc.wait()
+        finally:
+            trio.lowlevel.notify_closing(self.pidfd)
+            os.close(self.pidfd)
+            with trio.move_on_after(1, shield=True):
+                await self.stdout.aclose()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is empty, or holds nothing we may signal
+
+
+async def run_command(
+    argv: Sequence[str],
+    ctx: TurnContext,
+    *,
+    stdin: bytes | None,
+    merge_stderr: bool,
+    kill_grace: float = KILL_GRACE,
+) -> AsyncGenerator[str, None]:
+    """Run ``argv`` as one turn, yielding its output as text as it arrives.
+
+    Args:
+        argv: the program and its arguments (no shell).
+        ctx: the turn; its ``cwd`` is the child's directory, its ids go into the environment.
+        stdin: bytes for the child's stdin, or ``None`` for ``/dev/null``.
+        merge_stderr: send the child's stderr into the output too; otherwise it is inherited
+            (the worker's stderr, i.e. its log).
+        kill_grace: seconds between SIGTERM and SIGKILL when the turn is cancelled.
+
+    Output is decoded as UTF-8 (invalid bytes become U+FFFD; a character split between two
+    reads is kept whole). A process that does not succeed adds a final chunk such as
+    ``[exit status 3]``; that is a reply, not an error.
+
+    Raises:
+        AgentdError: ``bad_request`` if the program or the directory cannot be used.
+
+    Cancellation: the process group gets SIGTERM, then SIGKILL after ``kill_grace`` seconds,
+    and the leader is reaped, all in a shielded scope bounded by ``kill_grace`` plus a few
+    seconds. The same happens when the generator is closed early (``aclose``, or trio's
+    finalizer for a generator dropped unexhausted).
+    """
+    run = await _GroupRun.start(argv, ctx=ctx, stdin=stdin, merge_stderr=merge_stderr)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    at_line_start = True
+    try:
+        while data := await run.receive():
+            text = decoder.decode(data)
+            if text:
+                at_line_start = text.endswith("\n")
+                yield text
+        text = decoder.decode(b"", final=True)
+        if text:
+            at_line_start = text.endswith("\n")
+            yield text
+        await run.wait_leader_exit()
+    finally:
+        with trio.move_on_after(kill_grace + _REAP_BOUND, shield=True):
+            await run.finish(kill_grace)
+    if run.returncode is None:
+        raise AgentdError(
+            ErrorCode.INTERNAL, f"the process of {argv[0]!r} (pid {run.proc.pid}) was not reaped"
+        )
+    chunk = exit_chunk(run.returncode, at_line_start=at_line_start)
+    if chunk is not None:
+        yield chunk
+
+
+class ExecAgent:
+    """``exec:COMMAND``: any command-line program as an agent, one process per prompt.
+
+    Not replayable: the program may have had effects that running it again would repeat.
+    """
+
+    replayable = False
+
+    def __init__(self, argv: Sequence[str], *, kill_grace: float = KILL_GRACE) -> None:
+        if not argv or not argv[0]:
+            raise AgentdError(ErrorCode.BAD_REQUEST, "exec agent needs a command, e.g. exec:cat")
+        self.argv = tuple(argv)
+        self.kill_grace = kill_grace
+
+    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
+        """Run the command with the prompt on its stdin (then closed); yield its stdout.
+
+        The command runs in ``ctx.cwd`` with the worker's environment plus
+        ``TRIO_AGENTD_SESSION`` and ``TRIO_AGENTD_TURN``; its stderr goes to the worker's
+        stderr. A non-zero exit ends the reply with ``[exit status N]``.
+
+        Raises:
+            AgentdError: ``bad_request`` (on first iteration) if the program is not found or
+                not executable, naming it and the fix.
+
+        Cancellation: the command's whole process group gets SIGTERM, then SIGKILL after
+        ``kill_grace`` seconds, and is reaped before the cancellation propagates; nothing of
+        the turn keeps running.
+        """
+        return run_command(
+            self.argv, ctx, stdin=prompt.encode(), merge_stderr=False,
+            kill_grace=self.kill_grace,
+        )
