@@ -109,3 +109,10 @@ def make_worker_core(
         pid=4242,
         start_id="boot:4242",
     )
+
+
+from ._fakeops import Behaviour as Behaviour  # noqa: E402
+from ._fakeops import FakeProcess as FakeProcess  # noqa: E402
+from ._fakeops import FakeWorkerOps as FakeWorkerOps  # noqa: E402
+
+__all__ += ["Behaviour", "FakeProcess", "FakeWorkerOps"]

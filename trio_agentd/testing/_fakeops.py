@@ -1,0 +1,188 @@
+"""Fake worker processes for the supervisor's recovery shell, all inside trio.
+
+``FakeWorkerOps`` implements :class:`trio_agentd._handle.WorkerOps`: a "spawned" worker is a
+real :class:`~trio_agentd._worker.WorkerCore` served over in-memory streams, so links,
+authentication, re-fence and journal-free dedup behave as in production, while every wait is
+a trio wait that ``autojump_clock`` can skip exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import signal
+from dataclasses import dataclass, field
+
+import trio
+import trio.testing
+
+from .._errors import AgentdError, ErrorCode
+from .._handle import WorkerHandle
+from .._workerlink import WorkerLink, link_over_stream
+from ..agents import Agent
+from ..timing import DEFAULT_TIMING, Timing
+from . import MemoryRegistry, make_worker_core
+
+SUPERVISOR_GENERATION = "gen-1"
+SUPERVISOR_PID = 1000
+SUPERVISOR_SOCKET = "/run/s.sock"
+
+
+class Behaviour(enum.Enum):
+    ANSWERS = "answers"  # a healthy worker
+    HUNG = "hung"  # alive, accepts nothing: every connect hangs until its timeout
+    REFUSES = "refuses"  # alive, every connect is refused at once
+    IGNORES_TERM = "ignores-term"  # healthy, but SIGTERM does nothing (SIGKILL works)
+    SURVIVES_KILL = "survives-kill"  # nothing kills it
+    NEVER_READY = "never-ready"  # spawn never reports ready
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    behaviour: Behaviour
+    alive: bool = True
+    signals: list[int] = field(default_factory=list)
+    scopes: list[trio.CancelScope] = field(default_factory=list)
+    exited: trio.Event = field(default_factory=trio.Event)
+    token: str = ""
+    connections: list[trio.CancelScope] = field(default_factory=list)
+
+    def cut(self) -> None:
+        """Break every connection to it; the process stays alive (a network-ish failure)."""
+        for scope in self.connections:
+            scope.cancel()
+        self.connections.clear()
+
+    def new_scope(self) -> trio.CancelScope:
+        """A cancel scope for one of its tasks: cancelled when the process dies."""
+        scope = trio.CancelScope()
+        self.scopes.append(scope)
+        if not self.alive:
+            scope.cancel()
+        return scope
+
+    def die(self) -> None:
+        """kill -9 from outside: every connection to it drops."""
+        if self.alive:
+            self.alive = False
+            for scope in self.scopes:
+                scope.cancel()
+            self.exited.set()
+
+
+class FakeWorkerOps:
+    """WorkerOps over fake processes.
+
+    Args:
+        behaviours: the behaviour of each successive spawn (the last one repeats).
+        nursery: where fake processes run (a test's nursery).
+    """
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        behaviours: list[Behaviour] | None = None,
+        timing: Timing = DEFAULT_TIMING,
+        agent_factory: type[Agent] | None = None,
+    ) -> None:
+        self.nursery = nursery
+        self.timing = timing
+        self.behaviours = list(behaviours or [Behaviour.ANSWERS])
+        self.agent_factory = agent_factory
+        self.processes: list[FakeProcess] = []
+        self.by_pid: dict[int, FakeProcess] = {}
+        self.admission = False
+        self.events: list[tuple[float, str]] = []
+        self.persisted: list[str] = []
+        self._pids = itertools.count(2000)
+        self.registry = MemoryRegistry()
+        self.registry.add_owner(
+            generation=SUPERVISOR_GENERATION, pid=SUPERVISOR_PID, socket=SUPERVISOR_SOCKET,
+            start_id="boot:1000",
+        )
+
+    def _event(self, what: str) -> None:
+        self.events.append((trio.current_time(), what))
+
+    # WorkerOps ------------------------------------------------------------------------------
+    def alive(self, h: WorkerHandle) -> bool:
+        p = self.by_pid.get(h.pid or -1)
+        return p is not None and p.alive
+
+    def admission_held(self) -> bool:
+        return self.admission
+
+    def persist(self, h: WorkerHandle) -> None:
+        self.persisted.append(str(h.mode.value))
+
+    def signal(self, h: WorkerHandle, sig: int) -> bool:
+        p = self.by_pid.get(h.pid or -1)
+        if p is None or not p.alive:
+            return False
+        p.signals.append(sig)
+        self._event(f"signal {signal.Signals(sig).name} {p.pid}")
+        if p.behaviour is Behaviour.SURVIVES_KILL:
+            return True
+        if sig == signal.SIGKILL or p.behaviour is not Behaviour.IGNORES_TERM:
+            p.die()
+        return True
+
+    async def wait_exit(self, h: WorkerHandle) -> None:
+        p = self.by_pid.get(h.pid or -1)
+        if p is not None:
+            await p.exited.wait()
+
+    async def spawn(self, h: WorkerHandle) -> None:
+        index = min(len(self.processes), len(self.behaviours) - 1)
+        behaviour = self.behaviours[index]
+        p = FakeProcess(pid=next(self._pids), behaviour=behaviour)
+        p.token = f"token-{p.pid}"
+        self.processes.append(p)
+        self.by_pid[p.pid] = p
+        h.pid, h.start_id, h.token = p.pid, f"boot:{p.pid}", p.token
+        self._event(f"spawn {p.pid}")
+        if behaviour is Behaviour.NEVER_READY:
+            await trio.sleep_forever()
+
+    async def connect(self, h: WorkerHandle) -> WorkerLink:
+        p = self.by_pid.get(h.pid or -1)
+        self._event(f"connect {h.pid}")
+        if p is None or not p.alive:
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "connection refused (no process)")
+        if p.behaviour is Behaviour.HUNG:
+            await trio.sleep_forever()
+        if p.behaviour is Behaviour.REFUSES:
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "connection refused")
+        core = getattr(p, "core", None)
+        if core is None:
+            kwargs = {} if self.agent_factory is None else {"agent": self.agent_factory()}
+            core = make_worker_core(
+                self.registry, supervisor_socket=SUPERVISOR_SOCKET, session_id=h.session_id,
+                token=p.token, timing=self.timing, **kwargs,  # type: ignore[arg-type]
+            )
+            p.core = core  # type: ignore[attr-defined]
+
+            async def run_process() -> None:
+                with p.new_scope():
+                    await core.serve()
+                p.die()
+
+            self.nursery.start_soon(run_process)
+        client, server = trio.testing.memory_stream_pair()
+
+        conn_scope = trio.CancelScope()
+        p.connections.append(conn_scope)
+
+        async def serve_conn() -> None:
+            with p.new_scope(), conn_scope:
+                await core.serve_connection(server)
+            await server.aclose()
+            await client.aclose()
+
+        self.nursery.start_soon(serve_conn)
+        return await link_over_stream(
+            client, token=p.token, generation=SUPERVISOR_GENERATION, pid=SUPERVISOR_PID,
+            start_id="boot:1000", socket=SUPERVISOR_SOCKET,
+        )
