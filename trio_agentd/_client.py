@@ -1,4 +1,11 @@
-"""The async client for Trio programs: ``open_client`` (autostarting a supervisor if needed)."""
+"""The async client for Trio programs: ``open_client`` (autostarting a supervisor if needed).
+
+A :class:`Client` survives its supervisor: when the connection is lost (the supervisor was
+killed, restarted or replaced) a request reconnects — autostarting a supervisor if needed —
+with capped backoff for up to ``RETRY_FOR`` seconds and resends the command with the *same*
+``(client_id, id)``; the worker's journal answers a resend of a command that already ran, so
+nothing runs twice.
+"""
 
 from __future__ import annotations
 
@@ -11,68 +18,99 @@ from typing import Any
 
 import trio
 
-from ._errors import AgentdError, ErrorCode
+from ._errors import AgentdError, ErrorCode, single_errors
 from ._paths import Layout, check_socket_path
 from ._protocol import PROTOCOL_VERSION, Event, Hello, Request, Response, error_of
 from ._stream import MessageStream
 from .timing import DEFAULT_TIMING, Timing
 
+RETRY_FOR = 60.0
+_RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
+_NO_RESEND = frozenset({"shutdown", "restart"})
 
-class Client:
-    """A connection to the supervisor; requests are multiplexed by id.
 
-    Cancellation: cancelling a request stops waiting for it; the command may still run in its
-    worker (it is journalled there and a resend with the same id returns its result).
-    """
+class _Lost(Exception):
+    """The connection ended before the response."""
 
-    def __init__(self, ms: MessageStream, hello: Hello, layout: Layout) -> None:
-        self._ms = ms
+
+class _Connection:
+    """One connection and its reader task, routing responses and events by request id."""
+
+    def __init__(self, ms: MessageStream, hello: Hello) -> None:
+        self.ms = ms
         self.hello = hello
-        self.layout = layout
-        self.client_id = os.urandom(8).hex()
-        self._ids = itertools.count(1)
-        self._pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
-        self._closed = False
+        self.pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
+        self.closed = False
 
-    async def _reader(self) -> None:
+    async def run_reader(self) -> None:
         try:
             while True:
-                msg = await self._ms.receive()
+                msg = await self.ms.receive()
                 if msg is None:
                     break
                 if isinstance(msg, Response | Event) and isinstance(msg.id, int):
-                    chan = self._pending.get(msg.id)
+                    chan = self.pending.get(msg.id)
                     if chan is not None:
                         with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
                             chan.send_nowait(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
             pass
         finally:
-            self._closed = True
-            for chan in self._pending.values():
+            self.closed = True
+            for chan in self.pending.values():
                 chan.close()
+            await self.ms.aclose()
 
-    async def request(
+
+class Client:
+    """A session client; requests are multiplexed by id and resent across reconnects.
+
+    Cancellation: cancelling a request stops waiting for it; the command may still run in its
+    worker (it is journalled there and a resend with the same id returns its result).
+    """
+
+    def __init__(
+        self, nursery: trio.Nursery, layout: Layout, timing: Timing, *, autostart: bool
+    ) -> None:
+        self._nursery = nursery
+        self.layout = layout
+        self.timing = timing
+        self.autostart = autostart
+        self.client_id = os.urandom(8).hex()
+        self._ids = itertools.count(1)
+        self._conn: _Connection | None = None
+        self._connect_lock = trio.Lock()
+        self.reconnects = 0
+
+    @property
+    def hello(self) -> Hello:
+        assert self._conn is not None
+        return self._conn.hello
+
+    async def _connection(self) -> _Connection:
+        async with self._connect_lock:
+            if self._conn is None or self._conn.closed:
+                if self._conn is not None:
+                    self.reconnects += 1
+                self._conn = await _connect(self.layout, self.timing, autostart=self.autostart)
+                self._nursery.start_soon(self._conn.run_reader)
+            return self._conn
+
+    async def _exchange_once(
         self,
+        rid: int,
         op: str,
-        args: dict[str, Any] | None = None,
-        *,
-        on_event: Callable[[dict[str, Any]], Any] | None = None,
+        args: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], Any] | None,
     ) -> Any:
-        """Send one command and return its result.
-
-        Raises:
-            AgentdError: the command failed (its wire code) or the connection was lost.
-        """
-        if self._closed:
-            raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, "connection to the supervisor closed")
-        rid = next(self._ids)
+        conn = await self._connection()
         send, recv = trio.open_memory_channel[Response | Event](1024)
-        self._pending[rid] = send
+        conn.pending[rid] = send
         try:
-            await self._ms.send(
-                Request(id=rid, op=op, client_id=self.client_id, args=args or {})
-            )
+            try:
+                await conn.ms.send(Request(id=rid, op=op, client_id=self.client_id, args=args))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise _Lost("send failed") from None
             async for msg in recv:
                 if isinstance(msg, Event):
                     if on_event is not None:
@@ -81,11 +119,53 @@ class Client:
                 if msg.ok:
                     return msg.result
                 raise error_of(msg)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            raise _Lost("the supervisor closed the connection")
         finally:
-            self._pending.pop(rid, None)
-        raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, "the supervisor closed the connection")
+            conn.pending.pop(rid, None)
+
+    async def request(
+        self,
+        op: str,
+        args: dict[str, Any] | None = None,
+        *,
+        on_event: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> Any:
+        """Send one command and return its result (events go to ``on_event``).
+
+        A lost connection is retried as the module docstring says; events are relayed only
+        from the first attempt.
+
+        Raises:
+            AgentdError: the command failed (its wire code), or no supervisor could be reached
+                again within ``RETRY_FOR`` seconds.
+        """
+        rid = next(self._ids)
+        budget = 0.0 if op in _NO_RESEND else RETRY_FOR
+        deadline = trio.current_time() + budget
+        delay = 0.025
+        resent = False
+        while True:
+            try:
+                return await self._exchange_once(
+                    rid, op, args or {}, None if resent else on_event
+                )
+            except _Lost as exc:
+                error: Exception = exc
+            except AgentdError as exc:
+                if exc.code not in _RETRYABLE or exc.details.get("wedged") or (
+                    exc.details.get("startup")
+                ):
+                    raise
+                error = exc
+            if trio.current_time() + delay > deadline:
+                raise AgentdError(
+                    ErrorCode.DAEMON_UNAVAILABLE,
+                    f"lost the supervisor on {self.layout.socket} ({error}) and could not reach"
+                    f" one again within {budget:g}s",
+                ) from None
+            await trio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            resent = True
 
     async def prompt(self, session: str, text: str, *, agent: str | None = None) -> str:
         """Send a prompt and return the whole reply."""
@@ -99,39 +179,50 @@ class Client:
     ) -> AsyncIterator[str]:
         """Yield the reply's chunks as the agent produces them.
 
-        Raises:
-            AgentdError: the prompt failed (its wire code) or the connection was lost.
+        After a lost connection the rest of the reply arrives as one final chunk, so the
+        chunks always add up to the whole reply.
 
-        Cancellation: stops reading; the prompt still completes in its worker.
+        Raises:
+            AgentdError: the prompt failed (its wire code) or no supervisor could be reached.
+
+        Cancellation: stops reading; the prompt still completes in its worker (it runs in
+        the client's own nursery, not in this generator).
         """
-        if self._closed:
-            raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, "connection to the supervisor closed")
-        rid = next(self._ids)
-        send, recv = trio.open_memory_channel[Response | Event](1024)
-        self._pending[rid] = send
-        try:
-            await self._ms.send(
-                Request(
-                    id=rid,
-                    op="prompt",
-                    client_id=self.client_id,
-                    args={"session": session, "text": text, "agent": agent},
-                )
-            )
-            async for msg in recv:
-                if isinstance(msg, Event):
-                    yield str(msg.event.get("text", ""))
-                    continue
-                if not msg.ok:
-                    raise error_of(msg)
-                return
-        finally:
-            self._pending.pop(rid, None)
-        raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, "the supervisor closed the connection")
+        send, recv = trio.open_memory_channel[str](1024)
+        failure: list[AgentdError] = []
+
+        async def run() -> None:
+            shown: list[str] = []
+
+            def chunk(event: dict[str, Any]) -> None:
+                text = str(event.get("text", ""))
+                shown.append(text)
+                with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
+                    send.send_nowait(text)
+
+            async with send:
+                try:
+                    result = await self.request(
+                        "prompt", {"session": session, "text": text, "agent": agent},
+                        on_event=chunk,
+                    )
+                except AgentdError as exc:
+                    failure.append(exc)
+                    return
+                reply = str(result.get("reply", "")) if isinstance(result, dict) else ""
+                seen = "".join(shown)
+                if reply != seen:
+                    with contextlib.suppress(trio.BrokenResourceError):
+                        await send.send(reply[len(seen):] if reply.startswith(seen) else reply)
+
+        self._nursery.start_soon(run)
+        async for piece in recv:
+            yield piece
+        if failure:
+            raise failure[0]
 
     async def sessions(self) -> list[dict[str, Any]]:
-        result = await self.request("sessions")
-        return list(result)
+        return list(await self.request("sessions"))
 
     async def status(self) -> dict[str, Any]:
         return dict(await self.request("status"))
@@ -151,6 +242,7 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
             ErrorCode.DAEMON_UNAVAILABLE,
             f'the supervisor on {layout.socket} does not accept connections — run "trio-agentd'
             ' doctor --fix"',
+            {"wedged": True},
         ) from None
     ms = MessageStream(trio.SocketStream(sock))
     try:
@@ -162,6 +254,7 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
             ErrorCode.DAEMON_UNAVAILABLE,
             f"the supervisor on {layout.socket} sent no hello within {timing.hello_timeout}s"
             ' — run "trio-agentd doctor --fix"',
+            {"wedged": True},
         ) from None
     except (trio.BrokenResourceError, OSError):
         await ms.aclose()
@@ -194,7 +287,26 @@ async def _autostart(layout: Layout, timing: Timing) -> None:
         raise AgentdError(
             ErrorCode.DAEMON_UNAVAILABLE,
             done.stderr.decode(errors="replace").strip() or "autostart failed",
+            {"startup": True},
         )
+
+
+async def _connect(layout: Layout, timing: Timing, *, autostart: bool) -> _Connection:
+    got = await _probe(layout, timing)
+    if got is None and autostart:
+        await _autostart(layout, timing)
+        got = await _probe(layout, timing)
+    if got is None:
+        raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor on {layout.socket}")
+    ms, hello = got
+    if hello.protocol != PROTOCOL_VERSION:
+        await ms.aclose()
+        raise AgentdError(
+            ErrorCode.VERSION_MISMATCH,
+            f"the supervisor speaks protocol {hello.protocol} (app {hello.app_version}), this"
+            f" client speaks {PROTOCOL_VERSION} — run `trio-agentd restart`",
+        )
+    return _Connection(ms, hello)
 
 
 @contextlib.asynccontextmanager
@@ -216,25 +328,16 @@ async def open_client(
     """
     layout = Layout.resolve(socket=socket, home=home, registry=registry)
     check_socket_path(layout.socket)
-    got = await _probe(layout, timing)
-    if got is None and autostart:
-        await _autostart(layout, timing)
-        got = await _probe(layout, timing)
-    if got is None:
-        raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor on {layout.socket}")
-    ms, hello = got
-    if hello.protocol != PROTOCOL_VERSION:
-        await ms.aclose()
-        raise AgentdError(
-            ErrorCode.VERSION_MISMATCH,
-            f"the supervisor speaks protocol {hello.protocol} (app {hello.app_version}), this"
-            f" client speaks {PROTOCOL_VERSION} — run `trio-agentd restart`",
-        )
-    client = Client(ms, hello, layout)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(client._reader)
-        try:
-            yield client
-        finally:
-            nursery.cancel_scope.cancel()
-            await ms.aclose()
+    first = await _connect(layout, timing, autostart=autostart)
+    with single_errors():
+        async with trio.open_nursery() as nursery:
+            client = Client(nursery, layout, timing, autostart=autostart)
+            client._conn = first
+            nursery.start_soon(first.run_reader)
+            try:
+                yield client
+            finally:
+                nursery.cancel_scope.cancel()
+                if client._conn is not None:
+                    with trio.move_on_after(1, shield=True):
+                        await client._conn.ms.aclose()

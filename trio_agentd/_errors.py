@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -25,6 +27,35 @@ class ErrorCode(StrEnum):
     SUPERVISOR_GENERATION_STALE = "supervisor_generation_stale"
     DAEMON_UNAVAILABLE = "daemon_unavailable"
     CONFIG = "config"
+
+
+@contextlib.contextmanager
+def single_errors() -> Iterator[None]:
+    """Re-raise a one-exception group as that exception (public API never leaks groups).
+
+    Nurseries wrap everything that escapes them, including the user's own exception from the
+    body of ``async with open_client()``. A group of several exceptions becomes an
+    ``AgentdError`` (``internal``) from the group.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from leaves[0].__cause__
+        if all(isinstance(e, Exception) for e in leaves):
+            raise AgentdError(ErrorCode.INTERNAL, f"several errors: {leaves}") from group
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            out.extend(_leaves(exc))
+        else:
+            out.append(exc)
+    return out
 
 
 class AgentdError(Exception):

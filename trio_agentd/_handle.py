@@ -119,6 +119,7 @@ class WorkerHandle:
         self._stop_event = trio.Event()
         self._stop_request: StopRequested | None = None
         self._readers: trio.Nursery | None = None
+        self.cancel_scope = trio.CancelScope()  # cancelled: stop supervising (worker kept)
         self.log: list[tuple[float, str]] = []  # (time, what): the schedule, for tests and -v
 
     # public --------------------------------------------------------------------------------
@@ -208,36 +209,38 @@ class WorkerHandle:
         self, *, alive: bool, wanted: bool, failed: bool = False,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Run the planner for this session until cancelled (supervisor exit).
+        """Run the planner for this session until cancelled (supervisor exit or ``kill``).
 
-        Cancellation: the link to the worker is closed; the worker keeps running.
+        Cancellation: by ``cancel_scope`` or from outside; the link to the worker is closed
+        and the worker keeps running.
         """
-        state, action = decide(
-            self.state, Start(alive=alive, wanted=wanted, failed=failed), trio.current_time(),
-            self.timing, admission_held=self.ops.admission_held(),
-        )
-        task_status.started()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._readers = nursery
-                while True:
-                    self._publish(state)
-                    obs = await self._perform(action)
-                    if self._stop_request is not None and isinstance(
-                        obs, Connected | Spawned | TimerFired
-                    ):
-                        # a stop arrived during an uninterruptible action: serve it now
-                        state, action = decide(state, obs, trio.current_time(), self.timing)
+        with self.cancel_scope:
+            state, action = decide(
+                self.state, Start(alive=alive, wanted=wanted, failed=failed), trio.current_time(),
+                self.timing, admission_held=self.ops.admission_held(),
+            )
+            task_status.started()
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._readers = nursery
+                    while True:
                         self._publish(state)
-                        obs = self._take_stop()
-                    state, action = decide(
-                        state, obs, trio.current_time(), self.timing,
-                        admission_held=self.ops.admission_held(),
-                    )
-        finally:
-            if self.link is not None:
-                with trio.move_on_after(1, shield=True):
-                    await self.link.aclose()
+                        obs = await self._perform(action)
+                        if self._stop_request is not None and isinstance(
+                            obs, Connected | Spawned | TimerFired
+                        ):
+                            # a stop arrived during an uninterruptible action: serve it now
+                            state, action = decide(state, obs, trio.current_time(), self.timing)
+                            self._publish(state)
+                            obs = self._take_stop()
+                        state, action = decide(
+                            state, obs, trio.current_time(), self.timing,
+                            admission_held=self.ops.admission_held(),
+                        )
+            finally:
+                if self.link is not None:
+                    with trio.move_on_after(1, shield=True):
+                        await self.link.aclose()
 
     def _publish(self, state: RecoveryState) -> None:
         self.state = state

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import trio
 from trio_util import AsyncValue
 
 from . import _fs
-from ._errors import AgentdError, ErrorCode
+from ._errors import AgentdError, ErrorCode, single_errors
 from ._handle import WorkerHandle
 from ._identity import own_start_id
 from ._ownership import Phase
@@ -102,7 +103,6 @@ class Supervisor:
         self.started_at = time.monotonic()
         self.ops = ProcessWorkerOps(self.layout, self.ownership, self.timing)
         self.sessions: dict[str, WorkerHandle] = {}
-        self._scopes: dict[str, trio.CancelScope] = {}
         self._loaded: list[tuple[WorkerHandle, bool, Mode]] = []
         self._create_lock = trio.Lock()
         self.shutdown_requested = trio.Event()
@@ -192,8 +192,8 @@ class Supervisor:
                     h.request_stop(graceful=True)
                 for h in self.sessions.values():
                     await h.wait_stopped()
-        for scope in self._scopes.values():
-            scope.cancel()
+        for h in self.sessions.values():
+            h.cancel_scope.cancel()
         with contextlib.suppress(OSError):
             (self.layout.generations_dir / self.generation).rmdir()
         log.info("supervisor generation %s stopped (workers %s)", self.generation,
@@ -345,19 +345,14 @@ class Supervisor:
 
     async def _supervise(self, h: WorkerHandle, *, alive: bool, lifecycle: Mode) -> None:
         """Start the session's supervise task in the service nursery (its own cancel scope)."""
-        scope = trio.CancelScope()
-        self._scopes[h.session_id] = scope
-
-        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                await h.supervise(
-                    alive=alive,
-                    wanted=lifecycle not in (Mode.STOPPED, Mode.FAILED),
-                    failed=lifecycle is Mode.FAILED and not alive,
-                    task_status=task_status,
-                )
-
-        await self.service_nursery.start(run)
+        await self.service_nursery.start(
+            functools.partial(
+                h.supervise,
+                alive=alive,
+                wanted=lifecycle not in (Mode.STOPPED, Mode.FAILED),
+                failed=lifecycle is Mode.FAILED and not alive,
+            )
+        )
 
     async def get_session(
         self, session_id: str, agent: str | None, cwd: str | None, *, create: bool
@@ -511,7 +506,7 @@ class Supervisor:
                 stopped = victim.mode.value is Mode.STOPPED
                 if stopped:
                     self.sessions.pop(sid, None)
-                    self._scopes.pop(sid).cancel()
+                    victim.cancel_scope.cancel()
                     self.ops.forget(sid)
                 return {"session": sid, "killed": stopped, "state": str(victim.mode.value)}
             case "retry_session":
@@ -640,11 +635,12 @@ async def open_supervisor(config: SupervisorConfig | None = None) -> AsyncIterat
     keep running and are adopted by the next supervisor on the socket.
     """
     sup = Supervisor(config or SupervisorConfig())
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sup.serve)
-        try:
-            yield sup
-        finally:
-            sup.request_shutdown(stop_workers=sup.config.stop_workers_on_exit)
-            with trio.move_on_after(15, shield=True):
-                await sup.stopped.wait()
+    with single_errors():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sup.serve)
+            try:
+                yield sup
+            finally:
+                sup.request_shutdown(stop_workers=sup.config.stop_workers_on_exit)
+                with trio.move_on_after(15, shield=True):
+                    await sup.stopped.wait()

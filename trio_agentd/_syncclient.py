@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,13 @@ from ._version import PROTOCOL_VERSION
 from .timing import DEFAULT_TIMING, Timing
 
 MAX_FRAME = 1 << 20
+RETRY_FOR = 60.0  # seconds a command keeps being resent across lost connections
+# errors that mean "this supervisor is going away": reconnect and resend
+_RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
+
+
+class _Lost(Exception):
+    """The connection ended before the response."""
 
 
 class _Conn:
@@ -68,6 +76,7 @@ def probe(layout: Layout, timing: Timing = DEFAULT_TIMING) -> tuple[_Conn, dict[
             ErrorCode.DAEMON_UNAVAILABLE,
             f"the supervisor on {layout.socket} does not accept connections"
             ' — run "trio-agentd doctor --fix"',
+            {"wedged": True},
         ) from None
     except OSError:
         s.close()
@@ -81,6 +90,7 @@ def probe(layout: Layout, timing: Timing = DEFAULT_TIMING) -> tuple[_Conn, dict[
             ErrorCode.DAEMON_UNAVAILABLE,
             f"the supervisor on {layout.socket} accepted but sent no hello within"
             f' {timing.hello_timeout}s — run "trio-agentd doctor --fix"',
+            {"wedged": True},
         ) from None
     except (OSError, ValueError):
         conn.close()
@@ -110,6 +120,7 @@ class SyncClient:
         self._ids = 0
         self._conn: _Conn | None = None
         self.hello: dict[str, Any] = {}
+        self.resent = False
 
     def connect(self) -> dict[str, Any]:
         check_socket_path(self.layout.socket)
@@ -142,23 +153,63 @@ class SyncClient:
         args: dict[str, Any] | None = None,
         *,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        retry_for: float | None = None,
     ) -> Any:
-        if self._conn is None:
-            self.connect()
-        assert self._conn is not None
+        """Send one command and return its result.
+
+        If the connection is lost (the supervisor was killed or restarted), reconnect —
+        autostarting a supervisor if needed — with capped backoff for up to ``retry_for``
+        seconds (default 60; 0 for ops that must not be resent) and resend the command with
+        the *same* id: the worker's journal answers a resend of a command that already ran.
+        Events are relayed only from the first attempt; ``resent`` tells the caller.
+
+        Raises:
+            AgentdError: the command failed (its wire code), or the supervisor stayed
+                unreachable.
+        """
         self._ids += 1
         rid = self._ids
-        self._conn.send(
-            {"type": "request", "id": rid, "client_id": self.client_id, "op": op,
-             "args": args or {}}
-        )
+        frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": op,
+                 "args": args or {}}
+        budget = RETRY_FOR if retry_for is None else retry_for
+        deadline = time.monotonic() + budget
+        delay = 0.025
+        self.resent = False
+        while True:
+            try:
+                if self._conn is None:
+                    self.connect()
+                assert self._conn is not None
+                self._conn.send(frame)
+                return self._await_response(rid, None if self.resent else on_event)
+            except (OSError, _Lost) as exc:
+                self.close()
+                if time.monotonic() + delay > deadline:
+                    raise AgentdError(
+                        ErrorCode.DAEMON_UNAVAILABLE,
+                        f"lost the supervisor on {self.layout.socket} ({exc}) and could not"
+                        f" reach one again within {budget:g}s",
+                    ) from None
+            except AgentdError as exc:
+                if (
+                    exc.code not in _RETRYABLE
+                    or exc.details.get("wedged")
+                    or time.monotonic() + delay > deadline
+                ):
+                    raise
+                self.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            self.resent = True
+
+    def _await_response(
+        self, rid: int, on_event: Callable[[dict[str, Any]], None] | None
+    ) -> Any:
+        assert self._conn is not None
         while True:
             msg = self._conn.read_message(None)
             if msg is None:
-                raise AgentdError(
-                    ErrorCode.DAEMON_UNAVAILABLE,
-                    f"the supervisor on {self.layout.socket} closed the connection",
-                )
+                raise _Lost("the supervisor closed the connection")
             if msg.get("id") != rid:
                 if msg.get("type") == "response" and msg.get("id") is None and not msg.get("ok"):
                     err = msg.get("error") or {}

@@ -162,10 +162,15 @@ def _cmd_prompt(layout: Layout, args: argparse.Namespace) -> int:
     client.close()
     if args.json:
         print(json.dumps(result))
+        return EXIT_OK
+    reply = str(result.get("reply", "")) if isinstance(result, dict) else str(result)
+    shown = "".join(printed)
+    # after a resend the reply came whole: print what the stream did not show yet
+    if reply.startswith(shown):
+        out.write(reply[len(shown):])
     else:
-        if not printed and isinstance(result, dict):
-            out.write(str(result.get("reply", "")))
-        out.write("\n")
+        out.write("\n" + reply)
+    out.write("\n")
     return EXIT_OK
 
 
@@ -202,7 +207,7 @@ def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
             print(f"no supervisor running on {layout.socket}")
         return EXIT_OK
     hello = client.hello
-    result = client.request("shutdown", {"stop_workers": True})
+    result = client.request("shutdown", {"stop_workers": True}, retry_for=0)
     client.close()
     pid, start_id = int(hello["pid"]), hello.get("start_id")
     import time
