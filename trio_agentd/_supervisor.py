@@ -107,6 +107,8 @@ class Supervisor:
         self._create_lock = trio.Lock()
         self.shutdown_requested = trio.Event()
         self.stop_workers = config.stop_workers_on_exit
+        self.restart_requested = False
+        self.inflight: AsyncValue[int] = AsyncValue(0)  # commands in flight, all clients
         self.stopped = trio.Event()
         self._lease_fd: int | None = None
         self._listen_sock: trio.socket.SocketType | None = None
@@ -163,6 +165,10 @@ class Supervisor:
                         )
                         task_status.started(self)
                         await self.shutdown_requested.wait()
+                        # drain: no new connections; commands in flight finish (bounded)
+                        self._close_listener(unlink=True)
+                        with trio.move_on_after(self.timing.stop_grace):
+                            await self.inflight.wait_value(0)
                         clients.cancel_scope.cancel()
                     t = self.timing
                     with trio.move_on_after(t.stop_grace + t.kill_confirm_timeout + 5, shield=True):
@@ -175,10 +181,24 @@ class Supervisor:
             with trio.move_on_after(3, shield=True):
                 await self.ownership.release()
             self.stopped.set()
+        if self.restart_requested:
+            self._spawn_successor()
 
-    def request_shutdown(self, *, stop_workers: bool) -> None:
+    def request_shutdown(self, *, stop_workers: bool, restart: bool = False) -> None:
         self.stop_workers = self.stop_workers or stop_workers
+        self.restart_requested = self.restart_requested or (restart and not self.stop_workers)
         self.shutdown_requested.set()
+
+    def _spawn_successor(self) -> None:
+        """After a ``restart``: everything is released; start the replacement supervisor."""
+        from ._autostart import spawn_daemon
+
+        try:
+            proc = spawn_daemon(self.layout)
+        except OSError as exc:
+            log.error("restart: could not start the new supervisor: %s", exc)
+            return
+        log.info("restart: started the new supervisor, pid %s", proc.pid)
 
     async def _stop(self, service: trio.Nursery) -> None:
         with contextlib.suppress(AgentdError, OSError):
@@ -452,10 +472,12 @@ class Supervisor:
             requests.start_soon(self._dispatch, ms, msg, inflight)
 
     async def _dispatch(self, ms: MessageStream, req: Request, inflight: AsyncValue[int]) -> None:
+        self.inflight.value += 1
         try:
             await self._dispatch_one(ms, req)
         finally:
             inflight.value -= 1
+            self.inflight.value -= 1
 
     async def _dispatch_one(self, ms: MessageStream, req: Request) -> None:
         self.commands += 1
@@ -475,6 +497,8 @@ class Supervisor:
             await ms.send(response)
         if req.op == "shutdown" and response.ok:
             self.request_shutdown(stop_workers=bool(req.args.get("stop_workers", True)))
+        elif req.op == "restart" and response.ok:
+            self.request_shutdown(stop_workers=False, restart=True)
 
     async def _run_op(self, ms: MessageStream, req: Request) -> Any:
         args = req.args
@@ -517,7 +541,8 @@ class Supervisor:
                 return {"generation": self.generation, "pid": os.getpid(),
                         "stop_workers": bool(args.get("stop_workers", True))}
             case "restart":
-                raise AgentdError(ErrorCode.UNKNOWN_OP, "restart is not implemented yet")
+                return {"generation": self.generation, "pid": os.getpid(),
+                        "sessions": len(self.sessions)}
             case _:
                 raise AgentdError(
                     ErrorCode.UNKNOWN_OP,

@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("retry", help="re-arm a session marked failed")
     r.add_argument("session")
 
+    rs = sub.add_parser("restart", help="replace the supervisor, keep sessions (workers adopted)")
+    rs.add_argument("--json", action="store_true")
+
     sd = sub.add_parser("shutdown", help="stop the supervisor and its workers")
     sd.add_argument("--json", action="store_true")
     return p
@@ -110,6 +113,8 @@ def run(argv: list[str]) -> int:
                 return EXIT_OK
             case "shutdown":
                 return _cmd_shutdown(layout, args)
+            case "restart":
+                return _cmd_restart(layout, args)
     except AgentdError as exc:
         _error(exc.message)
         return EXIT_FAIL
@@ -225,6 +230,45 @@ def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
     else:
         _error(f"supervisor pid {pid} did not exit within 20s — try `trio-agentd doctor --fix`")
     return EXIT_OK if stopped else EXIT_FAIL
+
+
+def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
+    import time
+
+    from ._syncclient import SyncClient, probe
+
+    client = _client_or_none(layout)
+    if client is None:
+        _error(f"no supervisor running on {layout.socket} — the next command starts one")
+        return EXIT_FAIL
+    old = client.request("restart", {}, retry_for=0)
+    client.close()
+    deadline = time.monotonic() + 30
+    hello: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        got = probe(layout)
+        if got is not None:
+            got[0].close()
+            if got[1].get("generation") != old["generation"]:
+                hello = got[1]
+                break
+        time.sleep(0.025)
+    if hello is None:
+        _error(f"the new supervisor did not answer on {layout.socket} within 30s — see"
+               f" {layout.log_path}")
+        return EXIT_FAIL
+    fresh = SyncClient(layout, autostart=False)
+    fresh.connect()
+    rows = fresh.request("sessions")
+    fresh.close()
+    entry = {"socket": layout.socket, "old_pid": old["pid"], "old_generation": old["generation"],
+             "pid": hello["pid"], "generation": hello["generation"], "sessions": len(rows)}
+    if args.json:
+        print(json.dumps(entry))
+    else:
+        print(f"restarted supervisor on {layout.socket}: pid {old['pid']} → {hello['pid']},"
+              f" {len(rows)} sessions kept")
+    return EXIT_OK
 
 
 def _client_or_none(layout: Layout) -> Any:

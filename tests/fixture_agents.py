@@ -1,0 +1,51 @@
+"""Agents for end-to-end tests, loaded by real workers as ``tests.fixture_agents:NAME``.
+
+Each appends to the file named by ``TA_FIXTURE_FILE``: ``start <prompt>`` when a turn begins and
+``done <prompt>`` when it completes, ~``TA_FIXTURE_DELAY`` seconds later, so a test can count
+exactly how often a command started and finished across kills.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import trio
+
+from trio_agentd.agents import TurnContext
+
+
+def _append(line: str) -> None:
+    path = os.environ["TA_FIXTURE_FILE"]
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Slow:
+    replayable = False
+
+    async def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
+        _append(f"start {prompt}")
+        await trio.sleep(float(os.environ.get("TA_FIXTURE_DELAY", "1.0")))
+        _append(f"done {prompt}")
+        yield f"[slow turn {ctx.turn}] {prompt}"
+
+
+class SlowReplayable(_Slow):
+    replayable = True
+
+
+class SlowOnce(_Slow):
+    replayable = False
+
+
+def slow_replayable() -> SlowReplayable:
+    return SlowReplayable()
+
+
+def slow_once() -> SlowOnce:
+    return SlowOnce()
