@@ -242,6 +242,12 @@ class WorkerHandle:
                     with trio.move_on_after(1, shield=True):
                         await self.link.aclose()
 
+    async def supervise_new(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Supervise a session that has no worker yet: its first command starts one."""
+        await self.supervise(alive=False, wanted=False, task_status=task_status)
+
     def _publish(self, state: RecoveryState) -> None:
         self.state = state
         if self.mode.value is not state.mode:
