@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -110,7 +109,10 @@ class WorkerHandle:
         self.token: str | None = None
         self.turns = 0
         self.restarts_loaded = 0  # restarts before this supervisor (from the descriptor)
-        self.last_prompt = time.monotonic()
+        # trio clock times: the last prompt, or when supervision began (idle since then)
+        self.last_prompt: float | None = None
+        self.supervised_since = 0.0
+        self.evicted = False
         self.link: WorkerLink | None = None
         self.state = RecoveryState()
         self.mode: AsyncValue[Mode] = AsyncValue(Mode.STOPPED)
@@ -132,12 +134,22 @@ class WorkerHandle:
         return {
             "session": self.session_id,
             "agent": self.agent,
-            "state": str(self.mode.value),
+            "state": "evicted" if self.evicted and self.mode.value is Mode.STOPPED
+            else str(self.mode.value),
             "pid": self.pid if alive else None,
             "restarts": self.restarts,
             "turns": self.turns,
-            "idle_s": round(time.monotonic() - self.last_prompt, 3),
+            "idle_s": round(self.idle_for(trio.current_time()), 3),
         }
+
+    def idle_for(self, now: float) -> float:
+        since = self.last_prompt if self.last_prompt is not None else self.supervised_since
+        return max(0.0, now - since)
+
+    def touch(self) -> None:
+        """A prompt arrived: not idle, and no longer evicted."""
+        self.last_prompt = trio.current_time()
+        self.evicted = False
 
     def request_stop(self, *, graceful: bool = True) -> None:
         self._stop_request = StopRequested(graceful=graceful)
@@ -214,6 +226,7 @@ class WorkerHandle:
         Cancellation: by ``cancel_scope`` or from outside; the link to the worker is closed
         and the worker keeps running.
         """
+        self.supervised_since = trio.current_time()
         with self.cancel_scope:
             state, action = decide(
                 self.state, Start(alive=alive, wanted=wanted, failed=failed), trio.current_time(),

@@ -313,3 +313,16 @@ def _respawn(
                 rounds=0, deferred=Pending.NONE),
         Spawn(timing.worker_connect_timeout),
     )
+
+
+def idle_victims(
+    sessions: list[tuple[str, Mode, float]], *, now: float, idle_eviction: float
+) -> list[str]:
+    """Sessions whose worker the idle sweep stops: ready and idle for ``idle_eviction``.
+
+    ``sessions`` holds ``(session id, mode, idle seconds)``; ``idle_eviction`` 0 turns it off.
+    Only ready workers are evicted: a session in recovery is busy being saved, not idle.
+    """
+    if idle_eviction <= 0:
+        return []
+    return [sid for sid, mode, idle in sessions if mode is Mode.READY and idle >= idle_eviction]

@@ -51,7 +51,7 @@ from ._protocol import (
     ok,
 )
 from ._protocol import Event as EventMsg
-from ._recovery import Mode
+from ._recovery import Mode, idle_victims
 from ._registry import Ownership, Registry
 from ._session import check_session_id, read_meta
 from ._stream import MessageStream
@@ -158,6 +158,7 @@ class Supervisor:
                         self._clients = clients
                         service.start_soon(self._signals)
                         service.start_soon(self._self_check_loop)
+                        service.start_soon(self._idle_sweep_loop)
                         service.start_soon(self._accept_loop, self._listen_sock)
                         log.info(
                             "supervisor generation %s pid %s listening on %s",
@@ -344,6 +345,28 @@ class Supervisor:
                     self._rebind()
                 except (OSError, AgentdError) as exc:
                     log.error("could not bind %s again: %s", self.layout.socket, exc)
+
+    async def _idle_sweep_loop(self) -> None:
+        """Stop the workers of idle sessions (SPEC §6); transcripts and descriptors stay."""
+        t = self.timing
+        if t.idle_eviction <= 0:
+            return
+        while True:
+            await trio.sleep(t.idle_sweep_period)
+            # an idle supervisor heals too: the same check as every command
+            with contextlib.suppress(AgentdError):
+                await self.ownership.ensure_current()
+            now = trio.current_time()
+            victims = idle_victims(
+                [(h.session_id, h.mode.value, h.idle_for(now)) for h in self.sessions.values()],
+                now=now, idle_eviction=t.idle_eviction,
+            )
+            for sid in victims:
+                h = self.sessions[sid]
+                log.info("session %s idle for %.0fs: stopping its worker (evicted)",
+                         sid, h.idle_for(now))
+                h.evicted = True
+                h.request_stop(graceful=True)
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
@@ -568,7 +591,7 @@ class Supervisor:
             _opt_str(args, "session") or "default", _opt_str(args, "agent"),
             _opt_str(args, "cwd"), create=True,
         )
-        h.last_prompt = time.monotonic()
+        h.touch()
 
         async def relay(event: dict[str, Any]) -> None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

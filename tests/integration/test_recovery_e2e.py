@@ -186,3 +186,19 @@ def test_corrupt_descriptor_and_journal_are_logged_and_skipped(denv: DaemonEnv) 
     assert "skipping worker descriptor" in log
     assert "bad.json" in log
     assert "junk.json" in log
+
+
+def test_idle_session_is_evicted_and_respawned_by_its_next_prompt() -> None:
+    timing = '{"idle_eviction": 0.5, "idle_sweep_period": 0.1}'
+    with daemon_env(extra_env={"TRIO_AGENTD_TIMING": timing}) as env:
+        assert env.prompt("one", session="idle") == "[echo turn 1] one"
+        worker = _worker_pids(env)["idle"]
+
+        def state() -> str:
+            rows = json.loads(env.run("sessions", "--json").stdout)
+            return str(rows[0]["state"])
+
+        wait_for(lambda: state() == "evicted", timeout=10, what="the idle sweep to evict")
+        wait_for(lambda: worker not in env.our_pids(), timeout=10, what="the worker to exit")
+        assert env.prompt("two", session="idle") == "[echo turn 2] two"
+        assert _worker_pids(env)["idle"] != worker

@@ -134,3 +134,16 @@ def test_any_float_overrides_round_trip(overrides: dict[str, float]) -> None:
     assert got == dataclasses.replace(DEFAULT_TIMING, **expected)
     for name in float_fields:
         assert getattr(got, name) == overrides.get(name, getattr(DEFAULT_TIMING, name))
+
+
+def test_idle_victims_only_ready_sessions_idle_long_enough() -> None:
+    from trio_agentd._recovery import Mode, idle_victims
+
+    sessions = [
+        ("ready-idle", Mode.READY, 5400.0),
+        ("ready-busy", Mode.READY, 5399.9),
+        ("recovering", Mode.RECOVERING, 9999.0),
+        ("stopped", Mode.STOPPED, 9999.0),
+    ]
+    assert idle_victims(sessions, now=0.0, idle_eviction=5400.0) == ["ready-idle"]
+    assert idle_victims(sessions, now=0.0, idle_eviction=0.0) == []
