@@ -28,7 +28,7 @@ import signal
 import socket as _socket
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -419,6 +419,13 @@ class WorkerCore:
         else:
             await self._respond(conn, ok(req.id, running.result))
 
+    async def _relay(self, running: _Running, chunk: str) -> None:
+        listener = running.listener
+        if listener is not None and not listener.dropped:
+            await self._respond(
+                listener, Event(id=running.request_id, event={"kind": "chunk", "text": chunk})
+            )
+
     def _done_result(self, k: _journal.Key) -> tuple[bool, Any] | None:
         """``(True, result)`` if completed, ``(False, None)`` if interrupted, else ``None``."""
         if self.journal is not None:
@@ -456,14 +463,17 @@ class WorkerCore:
             )
             chunks: list[str] = []
             try:
-                async for chunk in self.agent.turn(text, ctx):
-                    chunks.append(chunk)
-                    listener = running.listener
-                    if listener is not None and not listener.dropped:
-                        await self._respond(
-                            listener,
-                            Event(id=running.request_id, event={"kind": "chunk", "text": chunk}),
-                        )
+                turn_chunks = self.agent.turn(text, ctx)
+                async with _closing(turn_chunks):
+                    async for chunk in turn_chunks:
+                        chunks.append(chunk)
+                        await self._relay(running, chunk)
+            except AgentdError as exc:
+                log.warning("agent refused turn %s: %s", turn, exc.message)
+                running.error = exc
+                if self.journal is not None:
+                    self.journal.append(_journal.interrupted(k[0], k[1]))
+                return
             except Exception as exc:
                 log.exception("agent failed on turn %s", turn)
                 running.error = AgentdError(ErrorCode.INTERNAL, f"agent failed: {exc}")
@@ -491,6 +501,18 @@ class WorkerCore:
             self._running.pop(k, None)
             running.done.set()
             self._turn.release()
+
+
+@contextlib.asynccontextmanager
+async def _closing(chunks: AsyncIterator[str]) -> AsyncIterator[None]:
+    """Close an agent's chunk generator now, not at garbage collection (its processes die)."""
+    try:
+        yield
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            with trio.move_on_after(10, shield=True):
+                await aclose()
 
 
 def interrupted_error(k: _journal.Key) -> AgentdError:

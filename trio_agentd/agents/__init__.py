@@ -3,4 +3,7 @@
 from ._base import Agent as Agent
 from ._base import TurnContext as TurnContext
 from ._base import load_agent as load_agent
+from ._base import validate_agent_spec as validate_agent_spec
 from ._echo import EchoAgent as EchoAgent
+from ._exec import ExecAgent as ExecAgent
+from ._shell import ShellAgent as ShellAgent

@@ -1,4 +1,10 @@
-"""The agent interface: an async object that takes a prompt and yields output chunks."""
+"""The agent interface: an async object that takes a prompt and yields output chunks.
+
+Spec forms (SPEC §8): ``echo``, ``shell``, ``exec:COMMAND`` and ``module:attribute``. The
+supervisor checks a spec with :func:`validate_agent_spec` before it spawns a worker, so a typo
+is a ``bad_request`` to the client rather than a worker that fails to start; the worker then
+builds the agent with :func:`load_agent`, which checks the same syntax first.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .._errors import AgentdError, ErrorCode
+
+EXEC_PREFIX = "exec:"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,41 +46,82 @@ class Agent(Protocol):
         ...
 
 
+def _unknown(spec: str) -> AgentdError:
+    return AgentdError(
+        ErrorCode.BAD_REQUEST,
+        f"unknown agent {spec!r} — use echo, shell, exec:COMMAND or module:attribute",
+    )
+
+
+def _split_factory(spec: str) -> tuple[str, str] | None:
+    """``(module, attribute)`` if ``spec`` has that shape: a dotted module name and a name."""
+    module_name, sep, attr = spec.partition(":")
+    if (
+        sep
+        and attr.isidentifier()
+        and all(part.isidentifier() for part in module_name.split("."))
+    ):
+        return module_name, attr
+    return None
+
+
+def validate_agent_spec(spec: str) -> None:
+    """Cheap syntactic check the supervisor runs before spawning a worker for ``spec``.
+
+    It looks at no files and imports nothing: whether an ``exec`` program exists is decided
+    where it runs (the session's directory and environment), at its first turn.
+
+    Raises:
+        AgentdError: ``bad_request``, naming the accepted forms or what is wrong with this one.
+    """
+    if spec in ("echo", "shell"):
+        return
+    if spec.startswith(EXEC_PREFIX):
+        from ._exec import parse_exec_command
+
+        parse_exec_command(spec.removeprefix(EXEC_PREFIX))
+        return
+    if _split_factory(spec) is None:
+        raise _unknown(spec)
+
+
 def load_agent(spec: str) -> Agent:
-    """Build the agent a spec names: ``echo``, or ``module:attribute`` (a factory)."""
+    """Build the agent a spec names.
+
+    ``echo``, ``shell`` and ``exec:COMMAND`` are built in; ``module:attribute`` imports
+    ``module`` and calls ``attribute()`` (a factory taking no arguments).
+
+    Raises:
+        AgentdError: ``bad_request`` for a malformed spec, a module or attribute that cannot be
+            loaded, or a factory that does not return an agent.
+    """
+    validate_agent_spec(spec)
     if spec == "echo":
         from ._echo import EchoAgent
 
         return EchoAgent()
-    if ":" in spec and not spec.startswith(("exec:", "shell")):
-        module_name, _, attr = spec.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise AgentdError(
-                ErrorCode.BAD_REQUEST, f"cannot load agent {spec!r}: {exc}"
-            ) from None
-        agent = factory()
-        if not isinstance(agent, Agent):
-            raise AgentdError(
-                ErrorCode.BAD_REQUEST,
-                f"agent factory {spec!r} returned {type(agent).__name__}, which has no"
-                " turn()/replayable",
-            )
-        return agent
-    raise AgentdError(
-        ErrorCode.BAD_REQUEST, f"unknown agent {spec!r} — use echo or module:attribute"
-    )
+    if spec == "shell":
+        from ._shell import ShellAgent
 
+        return ShellAgent()
+    if spec.startswith(EXEC_PREFIX):
+        from ._exec import ExecAgent, parse_exec_command
 
-def validate_agent_spec(spec: str) -> None:
-    """Cheap syntactic check the supervisor runs before spawning a worker for ``spec``."""
-    if spec == "echo":
-        return
-    if ":" in spec and not spec.startswith(("exec:", "shell")):
-        module_name, _, attr = spec.partition(":")
-        if module_name and attr:
-            return
-    raise AgentdError(
-        ErrorCode.BAD_REQUEST, f"unknown agent {spec!r} — use echo or module:attribute"
-    )
+        return ExecAgent(parse_exec_command(spec.removeprefix(EXEC_PREFIX)))
+    parts = _split_factory(spec)
+    assert parts is not None  # validated above
+    module_name, attr = parts
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise AgentdError(
+            ErrorCode.BAD_REQUEST, f"cannot load agent {spec!r}: {exc}"
+        ) from None
+    agent = factory()
+    if not isinstance(agent, Agent):
+        raise AgentdError(
+            ErrorCode.BAD_REQUEST,
+            f"agent factory {spec!r} returned {type(agent).__name__}, which has no"
+            " turn()/replayable",
+        )
+    return agent

@@ -21,6 +21,7 @@ writes with non-blocking ``os.write`` and keeps its own offset, so cancelling it
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import shlex
 import signal
@@ -179,9 +180,10 @@ class _GroupRun:
     """One started child leading its own process group, and the plumbing around it."""
 
     def __init__(
-        self, proc: trio.Process, stdout: trio.abc.ReceiveStream, pidfd: int,
+        self, name: str, proc: trio.Process, stdout: trio.abc.ReceiveStream, pidfd: int,
         feeder: _StdinFeeder | None,
     ) -> None:
+        self.name = name
         self.proc = proc
         self.stdout = stdout
         self.pidfd = pidfd
@@ -245,26 +247,41 @@ class _GroupRun:
             raise AgentdError(
                 ErrorCode.INTERNAL, f"cannot watch the process of {argv[0]!r}: {exc}"
             ) from None
-        return cls(proc, proc.stdout, pidfd, feeder)
+        return cls(argv[0], proc, proc.stdout, pidfd, feeder)
 
     async def _feeding(self, wait: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``wait`` while the prompt is still being written; the writer stops when it ends."""
         feeder = self.feeder
         if feeder is None or feeder.done:
             return await wait()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(feeder.run)
-            result = await wait()
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(feeder.run)
+                result = await wait()
+                nursery.cancel_scope.cancel()
+        except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+            # not an ExceptionGroup out of an agent (STYLE); Cancelled is left to trio
+            raise AgentdError(
+                ErrorCode.INTERNAL,
+                f"the pipes to {self.name!r} (pid {self.proc.pid}) failed: {group.exceptions[0]}",
+            ) from group
         return result
 
-    async def receive(self) -> bytes:
+    async def receive(self) -> bytes | bytearray:
         """The next piece of output, ``b""`` once nobody holds the output pipe any more."""
-        return await self._feeding(lambda: self.stdout.receive_some(_READ_SIZE))
+
+        async def read() -> bytes | bytearray:
+            return await self.stdout.receive_some(_READ_SIZE)
+
+        return await self._feeding(read)
 
     async def wait_leader_exit(self) -> None:
         """Wait until the leader has exited, without reaping it (see the module docstring)."""
-        await self._feeding(lambda: trio.lowlevel.wait_readable(self.pidfd))
+
+        async def leader_exit() -> None:
+            await trio.lowlevel.wait_readable(self.pidfd)
+
+        await self._feeding(leader_exit)
         self.leader_exited = True
 
     async def finish(self, grace: float) -> None:
@@ -295,10 +312,9 @@ class _GroupRun:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    # the group may be empty already, or hold nothing we may signal
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is empty, or holds nothing we may signal
 
 
 async def run_command(

@@ -1,0 +1,581 @@
+"""The built-in agents (SPEC §8) and their specs.
+
+The ``shell`` and ``exec`` tests start real processes, so they run on the real clock under an
+outer ``trio.fail_after``. Nothing here waits by sleeping: a script that must pause until the
+test has looked at something blocks on a FIFO the test holds open, and the death of a process is
+awaited on its pidfd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from trio_agentd._errors import AgentdError, ErrorCode
+from trio_agentd.agents import (
+    Agent,
+    EchoAgent,
+    ExecAgent,
+    ShellAgent,
+    TurnContext,
+    load_agent,
+    validate_agent_spec,
+)
+
+DEADLINE = 10.0  # outer bound of every test that runs processes
+GONE_DEADLINE = 5.0  # the processes these tests start would live 30 s if not killed
+SESSION = "s1"
+
+
+def make_ctx(cwd: Path, *, turn: int = 1) -> TurnContext:
+    return TurnContext(session_id=SESSION, turn=turn, cwd=cwd, session_dir=cwd)
+
+
+@contextlib.asynccontextmanager
+async def turn(
+    agent: Agent, prompt: str, ctx: TurnContext
+) -> AsyncIterator[AsyncGenerator[str, None]]:
+    """The turn's chunks, closed on the way out even if the test fails half-way through."""
+    chunks = agent.turn(prompt, ctx)
+    assert isinstance(chunks, AsyncGenerator)
+    async with contextlib.aclosing(chunks):
+        yield chunks
+
+
+async def reply_chunks(agent: Agent, prompt: str, ctx: TurnContext) -> list[str]:
+    with trio.fail_after(DEADLINE):
+        async with turn(agent, prompt, ctx) as chunks:
+            return [chunk async for chunk in chunks]
+
+
+async def reply(agent: Agent, prompt: str, ctx: TurnContext) -> str:
+    return "".join(await reply_chunks(agent, prompt, ctx))
+
+
+def script_agent(kind: str, script: str, **kwargs: float) -> tuple[Agent, str]:
+    """The same script as a ``shell`` prompt, or as ``exec:sh -c SCRIPT`` (prompt unused)."""
+    if kind == "shell":
+        return ShellAgent(**kwargs), script
+    return ExecAgent(["/bin/sh", "-c", script], **kwargs), ""
+
+
+KINDS = ["shell", "exec"]
+
+
+@contextlib.contextmanager
+def gate(path: Path) -> Iterator[int]:
+    """A FIFO a script blocks on (``read x < gate``) until the test writes a line to it.
+
+    The test holds it open read-write, so the script's open never blocks and only its read
+    waits; nothing is left blocked if the test fails before opening the gate.
+    """
+    os.mkfifo(path)
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_gate(fd: int) -> None:
+    os.write(fd, b"go\n")
+
+
+@contextlib.contextmanager
+def watched(pids: list[int]) -> Iterator[list[int]]:
+    """pidfds of ``pids`` (alive now); on exit, SIGKILL whatever a failed test left running."""
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            fds.append(os.pidfd_open(pid))
+        yield fds
+    finally:
+        for fd in fds:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
+
+
+async def wait_all_exited(fds: list[int]) -> None:
+    """Until every process has exited (a pidfd turns readable), or fail."""
+    with trio.fail_after(GONE_DEADLINE):
+        for fd in fds:
+            await trio.lowlevel.wait_readable(fd)
+
+
+def assert_reaped(pid: int) -> None:
+    """``pid`` was our child and has been waited for: no zombie was left behind."""
+    with pytest.raises(ChildProcessError):
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG)
+
+
+# --- streaming ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_output_streams_before_the_process_ends(tmp_path: Path, kind: str) -> None:
+    agent, prompt = script_agent(
+        kind, "echo first; read go < gate; echo second; touch finished"
+    )
+    chunks: list[str] = []
+    with gate(tmp_path / "gate") as gate_fd, trio.fail_after(DEADLINE):
+        async with turn(agent, prompt, make_ctx(tmp_path)) as output:
+            async for chunk in output:
+                chunks.append(chunk)
+                if len(chunks) == 1:
+                    # the script cannot go on until the gate opens: this chunk was streamed
+                    assert chunk == "first\n"
+                    assert not (tmp_path / "finished").exists()
+                    open_gate(gate_fd)
+    assert len(chunks) >= 2
+    assert "".join(chunks) == "first\nsecond\n"
+    assert (tmp_path / "finished").exists()
+
+
+async def test_a_character_split_between_reads_is_kept_whole(tmp_path: Path) -> None:
+    # é is \303\251 in UTF-8; the script stops between the two bytes
+    agent = ShellAgent()
+    chunks: list[str] = []
+    script = r"printf 'x\303'; read go < gate; printf '\251\n'"
+    with gate(tmp_path / "gate") as gate_fd, trio.fail_after(DEADLINE):
+        async with turn(agent, script, make_ctx(tmp_path)) as output:
+            async for chunk in output:
+                chunks.append(chunk)
+                if len(chunks) == 1:
+                    assert chunk == "x"
+                    open_gate(gate_fd)
+    assert chunks == ["x", "é\n"]
+
+
+async def test_invalid_utf8_is_replaced_not_fatal(tmp_path: Path) -> None:
+    assert await reply(ShellAgent(), r"printf 'a\377b\n'", make_ctx(tmp_path)) == "a\ufffdb\n"
+
+
+# --- exit status, stderr, cwd, environment ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("echo ok", "ok\n"),
+        ("echo out; exit 3", "out\n[exit status 3]\n"),
+        ("printf out; exit 2", "out\n[exit status 2]\n"),
+        ("exit 7", "[exit status 7]\n"),
+        ("kill -KILL $$", "[killed by SIGKILL]\n"),
+    ],
+)
+async def test_shell_reports_a_failed_exit_as_a_final_chunk(
+    tmp_path: Path, script: str, expected: str
+) -> None:
+    chunks = await reply_chunks(ShellAgent(), script, make_ctx(tmp_path))
+    assert "".join(chunks) == expected
+    if "[" in expected:
+        assert chunks[-1].lstrip("\n") == expected[expected.index("[") :]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("exec:sh -c 'echo x; exit 4'", "x\n[exit status 4]\n"),
+        ("exec:false", "[exit status 1]\n"),
+        ("exec:true", ""),
+    ],
+)
+async def test_exec_reports_a_failed_exit_as_a_final_chunk(
+    tmp_path: Path, spec: str, expected: str
+) -> None:
+    assert await reply(load_agent(spec), "", make_ctx(tmp_path)) == expected
+
+
+async def test_shell_reply_has_stderr_interleaved(tmp_path: Path) -> None:
+    got = await reply(ShellAgent(), "echo out; echo err >&2; echo more", make_ctx(tmp_path))
+    assert got == "out\nerr\nmore\n"
+
+
+async def test_exec_stderr_goes_to_the_workers_stderr(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    agent = load_agent("exec:sh -c 'echo out; echo oops-on-stderr >&2'")
+    assert await reply(agent, "", make_ctx(tmp_path)) == "out\n"
+    assert "oops-on-stderr" in capfd.readouterr().err
+
+
+@contextlib.contextmanager
+def stdin_replaced_by_a_pipe() -> Iterator[None]:
+    """Our fd 0 is a pipe that never ends while this lasts, so an inherited stdin would show."""
+    saved = os.dup(0)
+    read_end, write_end = os.pipe()
+    try:
+        os.dup2(read_end, 0)
+        yield
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+
+
+async def test_shell_stdin_is_dev_null(tmp_path: Path) -> None:
+    with stdin_replaced_by_a_pipe():
+        got = await reply(
+            ShellAgent(), "readlink /proc/self/fd/0; cat; echo done", make_ctx(tmp_path)
+        )
+    assert got == "/dev/null\ndone\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_runs_in_the_turns_directory(tmp_path: Path, kind: str) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    assert Path.cwd().resolve() != work.resolve()
+    agent, prompt = script_agent(kind, "pwd -P")
+    assert await reply(agent, prompt, make_ctx(work)) == f"{work.resolve()}\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_environment_is_the_workers_plus_session_and_turn(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRIO_AGENTD_TEST_INHERITED", "inherited")
+    agent, prompt = script_agent(
+        kind, 'echo "$TRIO_AGENTD_SESSION $TRIO_AGENTD_TURN $TRIO_AGENTD_TEST_INHERITED"'
+    )
+    assert await reply(agent, prompt, make_ctx(tmp_path, turn=4)) == f"{SESSION} 4 inherited\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_missing_directory_is_a_bad_request(tmp_path: Path, kind: str) -> None:
+    agent, prompt = script_agent(kind, "echo never")
+    missing = tmp_path / "gone"
+    with pytest.raises(AgentdError) as info:
+        await reply(agent, prompt, make_ctx(missing))
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert str(missing) in info.value.message
+    assert "create the directory" in info.value.message
+
+
+# --- exec: the prompt on stdin ---------------------------------------------------------------
+
+
+async def test_exec_cat_echoes_the_prompt(tmp_path: Path) -> None:
+    prompt = "hello\nwörld, no trailing newline"
+    assert await reply(load_agent("exec:cat"), prompt, make_ctx(tmp_path)) == prompt
+
+
+@pytest.mark.parametrize(("prompt", "count"), [("héllo\n", 7), ("", 0)])
+async def test_exec_wc_counts_the_prompt_bytes(tmp_path: Path, prompt: str, count: int) -> None:
+    got = await reply(load_agent("exec:wc -c"), prompt, make_ctx(tmp_path))
+    assert got.strip() == str(count)
+
+
+async def test_exec_a_large_prompt_does_not_deadlock(tmp_path: Path) -> None:
+    # far beyond both pipe buffers: cat blocks on stdout unless we read while still writing
+    prompt = "0123456789abcdef\n" * (4 * 1024 * 1024 // 17)
+    assert await reply(load_agent("exec:cat"), prompt, make_ctx(tmp_path)) == prompt
+
+
+async def test_exec_a_child_that_ignores_its_stdin_is_fine(tmp_path: Path) -> None:
+    prompt = "x" * (4 * 1024 * 1024)
+    assert await reply(load_agent("exec:true"), prompt, make_ctx(tmp_path)) == ""
+
+
+async def test_exec_a_child_that_closes_its_stdin_early_is_fine(tmp_path: Path) -> None:
+    # the rest of the prompt cannot be written (EPIPE): that is the child's choice, not an error
+    agent = load_agent("exec:sh -c 'exec <&-; echo closed; read go < gate; echo done'")
+    prompt = "x" * (4 * 1024 * 1024)
+
+    async def open_gate_once_writing_failed(gate_fd: int) -> None:
+        # stdin is closed (we saw "closed") and the turn now waits for output with the writer
+        # beside it: once every task is blocked, the writer has met the closed pipe
+        await trio.testing.wait_all_tasks_blocked()
+        open_gate(gate_fd)
+
+    chunks: list[str] = []
+    with gate(tmp_path / "gate") as gate_fd, trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery, turn(agent, prompt, make_ctx(tmp_path)) as out:
+            async for chunk in out:
+                chunks.append(chunk)
+                if chunk == "closed\n":
+                    nursery.start_soon(open_gate_once_writing_failed, gate_fd)
+    assert "".join(chunks) == "closed\ndone\n"
+
+
+async def test_exec_keeps_writing_stdin_after_stdout_closes(tmp_path: Path) -> None:
+    prompt = "y" * (1024 * 1024)
+    agent = load_agent("exec:sh -c 'exec >&-; cat > got'")
+    assert await reply(agent, prompt, make_ctx(tmp_path)) == ""
+    assert (tmp_path / "got").read_text() == prompt
+
+
+async def test_exec_unknown_executable_names_it_and_the_fix(tmp_path: Path) -> None:
+    agent = load_agent("exec:trio-agentd-no-such-program --flag")
+    with pytest.raises(AgentdError) as info:
+        await reply(agent, "hi", make_ctx(tmp_path))
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    message = info.value.message
+    assert "'trio-agentd-no-such-program'" in message
+    assert "PATH" in message
+    assert "install it" in message
+    assert "full path" in message
+
+
+async def test_exec_missing_relative_program_names_the_directory(tmp_path: Path) -> None:
+    with pytest.raises(AgentdError) as info:
+        await reply(load_agent("exec:./nope.sh"), "hi", make_ctx(tmp_path))
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert "'./nope.sh'" in info.value.message
+    assert str(tmp_path) in info.value.message
+
+
+async def test_exec_a_file_that_is_not_executable_is_a_bad_request(tmp_path: Path) -> None:
+    program = tmp_path / "agent.sh"
+    program.write_text("#!/bin/sh\necho hi\n")
+    program.chmod(0o644)
+    with pytest.raises(AgentdError) as info:
+        await reply(ExecAgent([str(program)]), "hi", make_ctx(tmp_path))
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert "not executable" in info.value.message
+    assert "chmod +x" in info.value.message
+
+
+# --- cancellation: the whole process group goes, and is reaped -------------------------------
+
+# Three processes in the turn's group, each pid written to ``pids`` (leader first) before
+# ``ready`` is printed: the leader shell, a background sleep, and a foreground sleep (a child
+# shell that records its pid, then execs sleep).
+GROUP_SCRIPT = (
+    "echo $$ > pids; sleep 30 & echo $! >> pids; "
+    "sh -c 'echo $$ >> pids; echo ready; exec sleep 30'"
+)
+
+
+def read_group(tmp_path: Path) -> list[int]:
+    pids = [int(line) for line in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 3
+    return pids
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_cancelling_a_turn_kills_and_reaps_its_process_group(
+    tmp_path: Path, kind: str
+) -> None:
+    agent, prompt = script_agent(kind, GROUP_SCRIPT)
+    with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
+        fds: list[int] = []
+        seen = ""
+        async with turn(agent, prompt, make_ctx(tmp_path)) as output:
+            with trio.CancelScope() as scope:
+                async for chunk in output:
+                    seen += chunk
+                    if "ready" in seen:
+                        pids = read_group(tmp_path)
+                        fds = stack.enter_context(watched(pids))
+                        assert {os.getpgid(pid) for pid in pids} == {pids[0]}
+                        # the generator is cancelled while it waits for more output
+                        scope.cancel()
+        assert scope.cancelled_caught
+        assert fds
+        await wait_all_exited(fds)
+        assert_reaped(pids[0])
+
+
+@pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning")
+async def test_a_turn_dropped_while_its_consumer_is_cancelled_still_kills_its_group(
+    tmp_path: Path,
+) -> None:
+    # the worker's shape: cancelled while it handles a chunk (the generator is parked at its
+    # yield), and it does not close the generator; trio's finalizer has to
+    agent = ShellAgent()
+    with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
+        fds: list[int] = []
+        seen = ""
+        gen = agent.turn(GROUP_SCRIPT, make_ctx(tmp_path))
+        with trio.CancelScope() as scope:
+            async for chunk in gen:
+                seen += chunk
+                if "ready" in seen:
+                    pids = read_group(tmp_path)
+                    fds = stack.enter_context(watched(pids))
+                    scope.cancel()
+                    await trio.lowlevel.checkpoint()  # cancelled here, outside the generator
+        assert scope.cancelled_caught
+        del gen
+        await wait_all_exited(fds)
+        # the finalizer runs the same cleanup, reaping included, in a system task
+        await trio.testing.wait_all_tasks_blocked()
+        assert_reaped(pids[0])
+
+
+async def test_closing_a_turn_early_kills_its_group(tmp_path: Path) -> None:
+    with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
+        async with turn(ShellAgent(), GROUP_SCRIPT, make_ctx(tmp_path)) as output:
+            seen = ""
+            while "ready" not in seen:
+                seen += await anext(output)
+            pids = read_group(tmp_path)
+            fds = stack.enter_context(watched(pids))
+        # closed by ``aclosing`` while parked at a yield
+        await wait_all_exited(fds)
+        assert_reaped(pids[0])
+
+
+async def test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace(tmp_path: Path) -> None:
+    agent = ShellAgent(kill_grace=0.2)
+    script = "trap '' TERM; " + GROUP_SCRIPT
+    with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
+        fds: list[int] = []
+        seen = ""
+        async with turn(agent, script, make_ctx(tmp_path)) as output:
+            with trio.CancelScope() as scope:
+                async for chunk in output:
+                    seen += chunk
+                    if "ready" in seen:
+                        pids = read_group(tmp_path)
+                        fds = stack.enter_context(watched(pids))
+                        scope.cancel()
+        assert scope.cancelled_caught
+        await wait_all_exited(fds)
+        assert_reaped(pids[0])
+
+
+async def test_background_processes_do_not_outlive_a_finished_turn(tmp_path: Path) -> None:
+    # output redirected, so the turn ends when the shell exits; the sleep must not stay
+    script = "sleep 30 >/dev/null 2>&1 & echo $!; read go < gate; echo bye"
+    chunks: list[str] = []
+    with (
+        contextlib.ExitStack() as stack,
+        gate(tmp_path / "gate") as gate_fd,
+        trio.fail_after(DEADLINE),
+    ):
+        fds: list[int] = []
+        async with turn(ShellAgent(), script, make_ctx(tmp_path)) as output:
+            async for chunk in output:
+                chunks.append(chunk)
+                if len(chunks) == 1:
+                    fds = stack.enter_context(watched([int(chunk)]))
+                    open_gate(gate_fd)
+        assert chunks[-1] == "bye\n"
+        await wait_all_exited(fds)
+
+
+# --- specs ------------------------------------------------------------------------------------
+
+
+def test_load_echo() -> None:
+    agent = load_agent("echo")
+    assert isinstance(agent, EchoAgent)
+    assert agent.replayable
+
+
+def test_load_shell() -> None:
+    agent = load_agent("shell")
+    assert isinstance(agent, ShellAgent)
+    assert isinstance(agent, Agent)
+    assert not agent.replayable
+
+
+@pytest.mark.parametrize(
+    ("spec", "argv"),
+    [
+        ("exec:cat", ("cat",)),
+        ("exec:wc -c", ("wc", "-c")),
+        ("exec:  my-agent --model 'big one' ", ("my-agent", "--model", "big one")),
+        ("exec:sh -c 'echo a; echo b'", ("sh", "-c", "echo a; echo b")),
+    ],
+)
+def test_load_exec_splits_like_a_shell(spec: str, argv: tuple[str, ...]) -> None:
+    agent = load_agent(spec)
+    assert isinstance(agent, ExecAgent)
+    assert isinstance(agent, Agent)
+    assert agent.argv == argv
+    assert not agent.replayable
+
+
+def test_load_module_attribute() -> None:
+    agent = load_agent("trio_agentd.agents._echo:EchoAgent")
+    assert isinstance(agent, EchoAgent)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "echo",
+        "shell",
+        "exec:cat",
+        "exec:sh -c 'exit 1'",
+        "trio_agentd.agents._echo:EchoAgent",
+        "no_such_module:factory",  # syntax only: importing is the worker's business
+        "shellmod:factory",  # a module whose name starts with "shell" is still a module
+        "exec_tools:factory",
+    ],
+)
+def test_validate_accepts_every_form(spec: str) -> None:
+    validate_agent_spec(spec)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["", "bogus", "Shell", "shell ", " echo", "shellx", "exec", ":factory", "mod:",
+     "mod:a:b", "my-mod:factory", "mod:a.b", "mod.:f", "mod:1f"],
+)
+def test_malformed_specs_are_bad_requests(spec: str) -> None:
+    for check in (validate_agent_spec, load_agent):
+        with pytest.raises(AgentdError) as info:
+            check(spec)
+        assert info.value.code == ErrorCode.BAD_REQUEST
+        assert "unknown agent" in info.value.message
+        assert "exec:COMMAND" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("exec:", "names no command"),
+        ("exec:   ", "names no command"),
+        ("exec:''", "names no command"),
+        ("exec:cat 'unbalanced", "cannot split"),
+    ],
+)
+def test_exec_without_a_usable_command_is_a_bad_request(spec: str, says: str) -> None:
+    for check in (validate_agent_spec, load_agent):
+        with pytest.raises(AgentdError) as info:
+            check(spec)
+        assert info.value.code == ErrorCode.BAD_REQUEST
+        assert says in info.value.message
+
+
+def test_exec_agent_refuses_an_empty_argv() -> None:
+    with pytest.raises(AgentdError) as info:
+        ExecAgent([])
+    assert info.value.code == ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("trio_agentd_no_such_module:factory", "cannot load agent"),
+        ("shellmod:factory", "cannot load agent"),
+        ("trio_agentd.agents._echo:NoSuchFactory", "cannot load agent"),
+        ("builtins:object", "returned object"),
+    ],
+)
+def test_well_formed_but_unloadable_module_specs(spec: str, says: str) -> None:
+    validate_agent_spec(spec)
+    with pytest.raises(AgentdError) as info:
+        load_agent(spec)
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert says in info.value.message
+    assert spec in info.value.message
+
+
+def test_spawning_does_not_happen_at_load(tmp_path: Path) -> None:
+    # an unknown program is reported where it would run (the first turn), not at load
+    agent = load_agent(f"exec:{shlex.quote(str(tmp_path / 'not-yet-installed'))}")
+    assert isinstance(agent, ExecAgent)
