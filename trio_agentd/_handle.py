@@ -255,7 +255,7 @@ class WorkerHandle:
                     with trio.move_on_after(1, shield=True):
                         await self.link.aclose()
 
-    async def supervise_new(
+    async def supervise_new(  # noqa: ASYNC114, ASYNC128 - delegates task_status
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Supervise a session that has no worker yet: its first command starts one."""

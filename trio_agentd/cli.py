@@ -175,7 +175,8 @@ def _cmd_prompt(layout: Layout, args: argparse.Namespace) -> int:
         out.write(reply[len(shown):])
     else:
         out.write("\n" + reply)
-    out.write("\n")
+    if not reply.endswith("\n"):
+        out.write("\n")  # end the line, but never add an empty one to output that ends its own
     return EXIT_OK
 
 

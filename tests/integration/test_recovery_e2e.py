@@ -202,3 +202,21 @@ def test_idle_session_is_evicted_and_respawned_by_its_next_prompt() -> None:
         wait_for(lambda: worker not in env.our_pids(), timeout=10, what="the worker to exit")
         assert env.prompt("two", session="idle") == "[echo turn 2] two"
         assert _worker_pids(env)["idle"] != worker
+
+
+def test_exec_agent_supervisor_kill9_mid_prompt_prints_once_and_appends_once() -> None:
+    with daemon_env() as env:
+        out_file = env.root / "appended.txt"
+        started = env.root / "started.txt"
+        script = (f"read line; echo started >> {started}; sleep 1; "
+                  f'echo "$line" >> {out_file}; echo "ran: $line"')
+        agent = f"exec:/bin/sh -c '{script}'"
+        p = env.popen("-p", "-s", "ex", "--agent", agent, "the-prompt")
+        wait_for(lambda: started.exists(), timeout=30, what="the exec agent to start")
+        wait_for(lambda: env.owner_records(), timeout=5, what="the owner record")
+        os.kill(env.owner()["pid"], signal.SIGKILL)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert out == "ran: the-prompt\n"
+        assert out_file.read_text() == "the-prompt\n"
+        assert started.read_text() == "started\n"
