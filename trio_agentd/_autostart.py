@@ -27,11 +27,15 @@ from .timing import DEFAULT_TIMING, Timing
 LOSER_EXIT = 0
 
 
-def spawn_daemon(layout: Layout) -> subprocess.Popen[bytes]:
+def spawn_daemon(
+    layout: Layout, *, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``trio-agentd daemon --autostarted`` detached, stdio to the daemon log."""
     layout.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_fd = os.open(layout.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     env = dict(os.environ)
     env["TRIO_AGENTD_REGISTRY_DIR"] = str(layout.registry)
+    env.update(extra_env or {})
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "trio_agentd", "--socket", layout.socket,

@@ -107,7 +107,8 @@ class ProcessWorkerOps:
         session_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if read_meta(session_dir) is None:
             write_meta(session_dir, {"session": h.session_id, "agent": h.agent,
-                                     "cwd": h.cwd, "created_at": h.created_at})
+                                     "cwd": h.cwd, "created_at": h.created_at,
+                                     "socket": L.socket})
         _fs.atomic_write(L.token_path(h.session_id), h.token.encode(), mode=0o600)
         config = WorkerConfig(
             session_id=h.session_id,

@@ -35,7 +35,7 @@ from trio_util import AsyncValue
 from . import _fs
 from ._errors import AgentdError, ErrorCode, single_errors
 from ._handle import WorkerHandle
-from ._identity import own_start_id
+from ._identity import is_alive, own_start_id
 from ._ownership import Phase
 from ._paths import Layout, check_socket_path, ensure_private_dir
 from ._procops import ProcessWorkerOps
@@ -53,7 +53,7 @@ from ._protocol import (
 from ._protocol import Event as EventMsg
 from ._recovery import Mode, idle_victims
 from ._registry import Ownership, Registry
-from ._session import check_session_id, read_meta
+from ._session import check_session_id, read_meta, write_meta
 from ._stream import MessageStream
 from .agents._base import validate_agent_spec
 from .timing import DEFAULT_TIMING, Timing
@@ -416,6 +416,7 @@ class Supervisor:
                 if known_agent is not None and agent is not None and agent != known_agent:
                     raise _agent_mismatch(session_id, known_agent, agent)
                 validate_agent_spec(use_agent)
+                self._claim_session(session_id, meta)
                 h = self.ops.new_handle(
                     session_id, use_agent,
                     (meta or {}).get("cwd") or cwd or str(self.layout.session_dir(session_id)),
@@ -425,6 +426,30 @@ class Supervisor:
             elif agent is not None and agent != h.agent:
                 raise _agent_mismatch(session_id, h.agent, agent)
             return h
+
+    def _claim_session(self, session_id: str, meta: dict[str, Any] | None) -> None:
+        """A session lives in one supervisor at a time (sessions are per home, workers per
+        socket). Refuse one whose worker runs under another socket; adopt an abandoned one."""
+        other = (meta or {}).get("socket")
+        if not isinstance(other, str) or other == self.layout.socket:
+            return
+        theirs = Layout(home=self.layout.home, socket=other, registry=self.layout.registry)
+        raw = _fs.read_bytes(theirs.descriptor_path(session_id))
+        desc: Any = None
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            desc = json.loads(raw) if raw else None
+        if isinstance(desc, dict) and isinstance(desc.get("pid"), int) and is_alive(
+            int(desc["pid"]), desc.get("start_id")
+        ) and desc.get("start_id"):
+            raise AgentdError(
+                ErrorCode.BAD_REQUEST,
+                f"session {session_id!r} runs under the supervisor on {other} (worker pid"
+                f" {desc['pid']}) — use --socket {other}, or another session name",
+            )
+        log.info("session %s: taking it over from socket %s (no live worker there)",
+                 session_id, other)
+        assert meta is not None
+        write_meta(self.layout.session_dir(session_id), {**meta, "socket": self.layout.socket})
 
     # clients --------------------------------------------------------------------------------
     def hello(self) -> Hello:

@@ -73,10 +73,22 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("retry", help="re-arm a session marked failed")
     r.add_argument("session")
 
+    for name in ("ps", "status"):
+        ps = sub.add_parser(name, help="every supervisor found, with its status")
+        ps.add_argument("--json", action="store_true")
+
+    dr = sub.add_parser("doctor", help="find wedged supervisors; --fix repairs only those")
+    dr.add_argument("--fix", action="store_true", help="repair what is broken")
+    dr.add_argument("--dry-run", action="store_true", help="print the repair plan only")
+    dr.add_argument("--json", action="store_true")
+
     rs = sub.add_parser("restart", help="replace the supervisor, keep sessions (workers adopted)")
     rs.add_argument("--json", action="store_true")
 
     sd = sub.add_parser("shutdown", help="stop the supervisor and its workers")
+    sd.add_argument("--all", action="store_true", help="every supervisor found")
+    sd.add_argument("--force", action="store_true",
+                    help="also kill wedged supervisors (identity-checked)")
     sd.add_argument("--json", action="store_true")
     return p
 
@@ -115,6 +127,10 @@ def run(argv: list[str]) -> int:
                 return _cmd_shutdown(layout, args)
             case "restart":
                 return _cmd_restart(layout, args)
+            case "ps" | "status":
+                return _cmd_ps(layout, args)
+            case "doctor":
+                return _cmd_doctor(layout, args)
     except AgentdError as exc:
         _error(exc.message)
         return EXIT_FAIL
@@ -203,6 +219,10 @@ def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:
 
 
 def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
+    if args.all or args.force:
+        from ._shutdown import shutdown_many
+
+        return shutdown_many(layout, every=args.all, force=args.force, as_json=args.json)
     from ._identity import is_alive
 
     client = _client_or_none(layout)
@@ -270,6 +290,25 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
         print(f"restarted supervisor on {layout.socket}: pid {old['pid']} → {hello['pid']},"
               f" {len(rows)} sessions kept")
     return EXIT_OK
+
+
+def _cmd_ps(layout: Layout, args: argparse.Namespace) -> int:
+    from ._doctor import survey
+    from ._report import print_table
+
+    found = survey(layout)
+    if args.json:
+        print(json.dumps([f.as_json() for f in found]))
+    else:
+        print_table(found)
+    return EXIT_OK
+
+
+def _cmd_doctor(layout: Layout, args: argparse.Namespace) -> int:
+    from ._report import run_doctor
+
+    return run_doctor(layout, fix=args.fix and not args.dry_run, dry_run=args.dry_run,
+                      as_json=args.json)
 
 
 def _client_or_none(layout: Layout) -> Any:

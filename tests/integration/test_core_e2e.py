@@ -338,3 +338,15 @@ def test_other_uid_is_refused_with_permission_denied(denv: DaemonEnv) -> None:
     assert reply["error"]["code"] == "permission_denied"
     assert "uid 65534" in reply["error"]["message"]
     assert denv.prompt("still serving") == "[echo turn 2] still serving"
+
+
+def test_a_session_lives_under_one_socket_at_a_time(denv: DaemonEnv) -> None:
+    other = denv.socket_at("other.sock")
+    assert denv.prompt("here", session="shared") == "[echo turn 1] here"
+    cp = denv.run("--socket", other, "-p", "-s", "shared", "there")
+    assert cp.returncode == 1
+    assert f"runs under the supervisor on {denv.socket}" in cp.stderr
+    assert f"--socket {denv.socket}" in cp.stderr
+    # once its worker is gone, another socket may take the session over, history intact
+    assert denv.run("shutdown").returncode == 0
+    assert denv.prompt("there", session="shared", socket=other) == "[echo turn 2] there"

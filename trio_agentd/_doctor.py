@@ -1,0 +1,468 @@
+"""Discovery, probes and repair for ``ps``, ``doctor`` and ``shutdown`` (the I/O shell).
+
+Everything here is synchronous and trio-free (plain sockets, flock, signals), so ``ps`` stays
+cheap. Decisions are :mod:`._doctor_plan`'s; this module observes and executes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import secrets
+import signal
+import socket as _socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _fs
+from ._doctor_plan import (
+    Hello,
+    Observation,
+    Record,
+    Repair,
+    Status,
+    Step,
+    Verdict,
+    classify,
+    remedy,
+)
+from ._identity import Liveness, liveness, read_start_id, signal_identity_checked
+from ._ownership import CorruptRecord, OwnerRecord, Scope
+from ._paths import Layout, default_socket_dir, normalize_socket_path
+from ._version import APP_VERSION, PROTOCOL_VERSION
+from .timing import DEFAULT_TIMING, Timing
+
+# --- observing -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Found:
+    """One supervisor (or its remains) as ps/doctor report it."""
+
+    socket: str
+    verdict: Verdict
+    observation: Observation
+    record: Record | None
+    home_proven: bool
+
+    def as_json(self) -> dict[str, Any]:
+        v, rec, hello = self.verdict, self.record, self.observation.hello
+        return {
+            "socket": self.socket,
+            "status": str(v.status),
+            "cause": v.cause,
+            "pid": v.pid,
+            "generation": v.generation,
+            "app_version": hello.app_version if hello else None,
+            "protocol": hello.protocol if hello else None,
+            "sessions": self.observation.sessions,
+            "uptime_s": _uptime(rec.created_at) if rec and rec.created_at else None,
+            "is_default": self.observation.is_default,
+            "remedy": remedy(self.socket, v),
+        }
+
+
+def _uptime(created_at: str) -> float | None:
+    try:
+        created = _dt.datetime.fromisoformat(created_at.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return round((_dt.datetime.now(_dt.UTC) - created).total_seconds(), 1)
+
+
+def _records(registry: Path) -> list[Record]:
+    out: list[Record] = []
+    try:
+        names = os.listdir(registry)
+    except OSError:
+        return out
+    for name in names:
+        if not name.endswith(".owner") or name.startswith("."):
+            continue
+        raw = _fs.read_bytes(registry / name / "owner.json")
+        if raw is None:
+            continue
+        try:
+            rec = OwnerRecord.from_json(raw)
+        except CorruptRecord:
+            continue
+        out.append(Record(
+            generation=rec.generation, pid=rec.pid, start_id=rec.start_id, socket=rec.socket,
+            phase=str(rec.phase), alive=liveness(rec.pid, rec.start_id) is not Liveness.DEAD,
+            created_at=rec.created_at,
+        ))
+    return out
+
+
+def _scoped_sockets(registry: Path) -> list[str]:
+    out = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(registry):
+            if name.endswith(".owner") and not name.startswith("."):
+                raw = _fs.read_bytes(registry / name / "scope.json")
+                if raw is not None:
+                    with contextlib.suppress(CorruptRecord):
+                        out.append(Scope.from_json(raw).socket)
+    return out
+
+
+def _descriptors(home: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in (home / "daemons").glob("*/workers/*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            obj = json.loads(path.read_bytes())
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
+
+
+def discover(layout: Layout) -> list[str]:
+    """Every socket a supervisor of this user may be on (SPEC §9 discovery)."""
+    sockets = {layout.socket}
+    sockets.update(r.socket for r in _records(layout.registry))
+    sockets.update(_scoped_sockets(layout.registry))
+    sockets.update(str(d["socket"]) for d in _descriptors(layout.home) if d.get("socket"))
+    sock_dir = default_socket_dir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(sock_dir):
+            if name.endswith(".sock") and not name.startswith("w-"):
+                sockets.add(os.path.join(sock_dir, name))
+    return sorted(normalize_socket_path(s) for s in sockets)
+
+
+def probe_hello(
+    path: str, timing: Timing = DEFAULT_TIMING
+) -> tuple[bool, bool, dict[str, Any] | None]:
+    """``(socket file exists, accepts connections, hello or None)`` — no commands sent."""
+    exists = os.path.lexists(path)
+    if not exists:
+        return False, False, None
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    s.settimeout(timing.connect_timeout)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        return True, False, None
+    try:
+        s.settimeout(timing.hello_timeout)
+        data = b""
+        deadline = time.monotonic() + timing.hello_timeout
+        while b"\n" not in data and time.monotonic() < deadline:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        if b"\n" not in data:
+            return True, True, None
+        obj = json.loads(data.split(b"\n", 1)[0])
+        return True, True, obj if isinstance(obj, dict) and obj.get("type") == "hello" else None
+    except (OSError, ValueError):
+        return True, True, None
+    finally:
+        s.close()
+
+
+def observe(
+    socket: str, layout: Layout, *, timing: Timing = DEFAULT_TIMING,
+    records: list[Record] | None = None,
+) -> tuple[Observation, Record | None]:
+    exists, accepts, raw = probe_hello(socket, timing)
+    records = _records(layout.registry) if records is None else records
+    by_gen = {r.generation: r for r in records}
+    hello: Hello | None = None
+    hello_record: Record | None = None
+    corrupt = revoked = False
+    hello_alive = True
+    if raw is not None:
+        gen = raw.get("generation")
+        hello = Hello(
+            generation=str(gen) if gen else None, pid=int(raw.get("pid", 0) or 0),
+            start_id=raw.get("start_id"), protocol=int(raw.get("protocol", 0) or 0),
+            app_version=str(raw.get("app_version", "")),
+        )
+        if hello.generation:
+            hello_record = by_gen.get(hello.generation)
+            owner_json = layout.registry / f"{hello.generation}.owner" / "owner.json"
+            corrupt = hello_record is None and owner_json.exists()
+            revoked = (layout.registry / f"{hello.generation}.revoked").exists()
+        # final liveness re-check: a supervisor that is stopping is not wedged
+        hello_alive = liveness(hello.pid, hello.start_id) is not Liveness.DEAD
+    descs = [d for d in _descriptors(layout.home) if d.get("socket") == socket]
+    tracked = sum(
+        1 for d in descs
+        if isinstance(d.get("pid"), int) and liveness(int(d["pid"]), d.get("start_id"))
+        is not Liveness.DEAD
+    )
+    obs = Observation(
+        socket=socket, is_default=(socket == layout.socket), socket_file=exists,
+        accepts=accepts, hello=hello, hello_record=hello_record, hello_record_corrupt=corrupt,
+        revoked=revoked, hello_pid_alive=hello_alive,
+        socket_records=tuple(r for r in records if r.socket == socket and r.alive),
+        tracked_workers=tracked, sessions=len(descs),
+    )
+    return obs, hello_record
+
+
+def survey(layout: Layout, timing: Timing = DEFAULT_TIMING) -> list[Found]:
+    """ps: every supervisor found, classified."""
+    records = _records(layout.registry)
+    found = []
+    for sock in discover(layout):
+        obs, rec = observe(sock, layout, timing=timing, records=records)
+        verdict = classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
+        if verdict is None:
+            continue
+        if rec is None and verdict.generation:
+            rec = next((r for r in records if r.generation == verdict.generation), None)
+        home_proven = bool(verdict.generation) and (
+            Layout(home=layout.home, socket=sock, registry=layout.registry).generations_dir
+            / str(verdict.generation)
+        ).is_dir()
+        found.append(Found(socket=sock, verdict=verdict, observation=obs, record=rec,
+                           home_proven=home_proven))
+    return found
+
+
+# --- repairing -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Hooks:
+    """The side effects of a repair, injectable for tests of the executor."""
+
+    reprobe: Callable[[str], Verdict | None]
+    kill: Callable[[int, str | None], bool]  # True once the process is confirmed gone
+    launch: Callable[[str, str], None]  # (socket, admission ticket)
+    wait_hello: Callable[[str, str], dict[str, Any] | None]  # (socket, old gen) → new hello
+    revoke: Callable[[str], None]
+    remove_socket: Callable[[str], None]
+    take_admission: Callable[[], str | None]  # ticket, or None if someone else holds it
+    release_admission: Callable[[], None]
+
+
+@dataclass
+class Outcome:
+    repair: Repair
+    done: list[tuple[Step, str]] = field(default_factory=list)
+    failed: tuple[Step, str] | None = None
+    new_pid: int | None = None
+    new_generation: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.repair.declined is None and self.failed is None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "steps": [{"step": str(s), "result": r} for s, r in self.done],
+            "failed": None if self.failed is None
+            else {"step": str(self.failed[0]), "result": self.failed[1]},
+            "declined": self.repair.declined,
+            "new_pid": self.new_pid,
+            "new_generation": self.new_generation,
+        }
+
+
+def execute(repair: Repair, hooks: Hooks, *, on_step: Callable[[Step, str], None]) -> Outcome:
+    """Run a repair's steps in order; stop at the first that fails (never make things worse).
+
+    The admission, once taken, is released whatever happens.
+    """
+    out = Outcome(repair)
+    if repair.declined:
+        return out
+    ticket: str | None = None
+    try:
+        for step in repair.steps:
+            ok, text = _run_step(step, repair, hooks, ticket, out)
+            if step is Step.TAKE_ADMISSION and ok:
+                ticket = text.split()[-1]
+                text = "held"
+            if not ok:
+                out.failed = (step, text)
+                on_step(step, f"FAILED: {text}")
+                return out
+            out.done.append((step, text))
+            on_step(step, text)
+        return out
+    finally:
+        if ticket is not None and Step.RELEASE_ADMISSION not in [s for s, _ in out.done]:
+            hooks.release_admission()
+
+
+def _run_step(
+    step: Step, repair: Repair, hooks: Hooks, ticket: str | None, out: Outcome
+) -> tuple[bool, str]:
+    v, sock = repair.verdict, repair.socket
+    match step:
+        case Step.PROVE_HOME:
+            return True, f"generation {v.generation} belongs to this home"
+        case Step.TAKE_ADMISSION:
+            got = hooks.take_admission()
+            if got is None:
+                return False, "another shutdown or doctor --fix holds the admission"
+            return True, f"ticket {got}"
+        case Step.REPROBE_SAME | Step.REPROBE_DEAD:
+            again = hooks.reprobe(sock)
+            if step is Step.REPROBE_DEAD:
+                if again is not None and again.status is not Status.ORPHAN_FILE:
+                    return False, f"now {again.status}: left alone"
+                return True, "still nobody listening"
+            if again is None or again.status not in (Status.OWNERSHIP_LOST, Status.UNREACHABLE):
+                status = again.status if again else "gone"
+                return False, f"no longer wedged ({status}): left alone"
+            if (again.generation, again.pid) != (v.generation, v.pid):
+                return False, (f"a different supervisor is there now (generation"
+                               f" {again.generation}): never kill a successor")
+            return True, f"generation {v.generation} still {again.status}"
+        case Step.REVOKE:
+            assert v.generation is not None
+            hooks.revoke(v.generation)
+            return True, f"tombstone written for generation {v.generation}"
+        case Step.KILL:
+            assert v.pid is not None
+            if not hooks.kill(v.pid, v.start_id):
+                return False, f"pid {v.pid} survived SIGKILL: socket and workers left as they are"
+            return True, f"killed pid {v.pid}, exit confirmed"
+        case Step.REMOVE_SOCKET:
+            hooks.remove_socket(sock)
+            return True, "socket file removed"
+        case Step.RELAUNCH:
+            assert ticket is not None
+            hooks.launch(sock, ticket)
+            return True, "new supervisor launched on the same socket"
+        case Step.WAIT_HELLO:
+            hello = hooks.wait_hello(sock, str(v.generation))
+            if hello is None:
+                return False, "the new supervisor did not answer (see its daemon.log)"
+            out.new_pid = int(hello.get("pid", 0))
+            out.new_generation = str(hello.get("generation"))
+            return True, f"new supervisor pid {out.new_pid} answers (sessions are re-adopted)"
+        case Step.RELEASE_ADMISSION:
+            hooks.release_admission()
+            return True, "released"
+
+
+class RealHooks:
+    """Hooks that act on this machine."""
+
+    def __init__(self, layout: Layout, timing: Timing = DEFAULT_TIMING) -> None:
+        self.layout = layout
+        self.timing = timing
+        self._admission_fd: int | None = None
+
+    def hooks(self) -> Hooks:
+        return Hooks(
+            reprobe=self.reprobe, kill=self.kill, launch=self.launch, wait_hello=self.wait_hello,
+            revoke=self.revoke, remove_socket=self.remove_socket,
+            take_admission=self.take_admission, release_admission=self.release_admission,
+        )
+
+    def _layout_for(self, sock: str) -> Layout:
+        return Layout(home=self.layout.home, socket=sock, registry=self.layout.registry)
+
+    def reprobe(self, sock: str) -> Verdict | None:
+        obs, _ = observe(sock, self._layout_for(sock), timing=self.timing)
+        return classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
+
+    def kill(self, pid: int, start_id: str | None) -> bool:
+        signal_identity_checked(pid, start_id, signal.SIGCONT)  # a stopped process dies at once
+        signal_identity_checked(pid, start_id, signal.SIGKILL)
+        deadline = time.monotonic() + self.timing.kill_confirm_timeout
+        while time.monotonic() < deadline:
+            if liveness(pid, start_id) is Liveness.DEAD:
+                return True
+            time.sleep(0.005)
+        return liveness(pid, start_id) is Liveness.DEAD
+
+    def launch(self, sock: str, ticket: str) -> None:
+        from ._autostart import spawn_daemon
+
+        spawn_daemon(self._layout_for(sock), extra_env={"TRIO_AGENTD_ADMISSION_TICKET": ticket})
+
+    def wait_hello(self, sock: str, old_generation: str) -> dict[str, Any] | None:
+        deadline = time.monotonic() + self.timing.startup_timeout
+        while time.monotonic() < deadline:
+            _, _, hello = probe_hello(sock, self.timing)
+            if hello is not None and hello.get("generation") != old_generation:
+                return hello
+            time.sleep(self.timing.probe_interval)
+        return None
+
+    def revoke(self, generation: str) -> None:
+        registry = self.layout.registry
+        with _fs.locked_sync(registry / ".guard"):
+            _fs.atomic_write_json(registry / f"{generation}.revoked",
+                                  {"generation": generation, "by": "doctor", "pid": os.getpid()})
+            src = registry / f"{generation}.owner"
+            with contextlib.suppress(FileNotFoundError):
+                dst = registry / f".revoked-{generation}-{secrets.token_hex(4)}"
+                os.rename(src, dst)
+                import shutil
+
+                shutil.rmtree(dst, ignore_errors=True)
+
+    def remove_socket(self, sock: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock)
+
+    def take_admission(self) -> str | None:
+        path = self.layout.registry / "shutdown.lock"
+        self.layout.registry.mkdir(parents=True, exist_ok=True, mode=0o700)
+        deadline = time.monotonic() + 5
+        while True:
+            fd = _fs.try_lock(path)
+            if fd is not None:
+                break
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+        ticket = secrets.token_hex(8)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "ticket": ticket}).encode(), 0)
+        self._admission_fd = fd
+        return ticket
+
+    def release_admission(self) -> None:
+        if self._admission_fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._admission_fd, 0)
+            _fs.unlock(self._admission_fd)
+            self._admission_fd = None
+
+
+@contextlib.contextmanager
+def admission(hooks: RealHooks) -> Iterator[str | None]:
+    ticket = hooks.take_admission()
+    try:
+        yield ticket
+    finally:
+        if ticket is not None:
+            hooks.release_admission()
+
+
+def stop_orphan_workers(layout: Layout, sock: str, timing: Timing = DEFAULT_TIMING) -> list[int]:
+    """TERM (then KILL) the live workers of a socket whose supervisor is gone; identity-checked."""
+    stopped = []
+    for d in _descriptors(layout.home):
+        pid, sid = d.get("pid"), d.get("start_id")
+        if d.get("socket") != sock or not isinstance(pid, int) or not isinstance(sid, str):
+            continue
+        if read_start_id(pid) != sid:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timing.stop_grace
+        while time.monotonic() < deadline and liveness(pid, sid) is not Liveness.DEAD:
+            time.sleep(0.01)
+        if liveness(pid, sid) is not Liveness.DEAD and read_start_id(pid) == sid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        stopped.append(pid)
+    return stopped

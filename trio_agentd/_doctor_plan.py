@@ -1,0 +1,227 @@
+"""What ``ps`` and ``doctor`` say about each supervisor, and what ``doctor --fix`` does. Pure.
+
+Theory of operation
+-------------------
+The shell (:mod:`._doctor`) observes each socket by local reads and a hello probe only — a
+wedged daemon cannot serve commands, so we never send any — and hands an :class:`Observation`
+to :func:`classify`. Guards against false positives live here, in one place:
+
+* a supervisor that is still starting writes its record before it listens, so "no hello yet"
+  with a live ``starting`` record is ``starting``, not a problem;
+* a supervisor that is stopping fails the final pid + start-id liveness re-check and is not
+  reported as wedged;
+* a supervisor replaced by a newer one answers hello with the newer generation, which has its
+  own record: ``current``.
+
+:func:`plan_repair` turns a status into the ordered steps of SPEC §9, or a refusal; the shell
+executes them one by one and stops at the first that fails, so a failed kill never leads to an
+unlinked socket or a second supervisor.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ._ownership import Cause
+
+
+class Status(enum.StrEnum):
+    CURRENT = "current"
+    STARTING = "starting"
+    STALE = "stale"
+    OWNERSHIP_LOST = "ownership-lost"
+    UNREACHABLE = "unreachable"
+    ORPHAN_FILE = "orphan-file"
+
+
+PROBLEMS = frozenset({Status.OWNERSHIP_LOST, Status.UNREACHABLE, Status.ORPHAN_FILE})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello:
+    generation: str | None
+    pid: int
+    start_id: str | None
+    protocol: int
+    app_version: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """The registry record for a generation, as read from disk."""
+
+    generation: str
+    pid: int
+    start_id: str | None
+    socket: str
+    phase: str
+    alive: bool  # its pid + start id name a running process
+    created_at: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    socket: str
+    is_default: bool = False
+    socket_file: bool  # something exists at the path
+    accepts: bool  # connect() succeeded
+    hello: Hello | None = None
+    # the record named by the hello's generation (None: missing), its tombstone
+    hello_record: Record | None = None
+    hello_record_corrupt: bool = False
+    revoked: bool = False
+    hello_pid_alive: bool = True  # final liveness re-check of the hello's pid + start id
+    # live records that claim this socket (any generation), from the registry scan
+    socket_records: tuple[Record, ...] = ()
+    tracked_workers: int = 0  # live workers whose descriptors name this socket
+    sessions: int = 0  # descriptors for this socket
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    status: Status
+    cause: str | None = None
+    generation: str | None = None  # the supervisor generation the verdict is about
+    pid: int | None = None
+    start_id: str | None = None
+
+    @property
+    def problem(self) -> bool:
+        return self.status in PROBLEMS
+
+
+OUR_PROTOCOL = 1
+
+
+def classify(obs: Observation, *, protocol: int, app_version: str) -> Verdict | None:
+    """The status of one socket, or ``None`` when nothing of ours is there."""
+    live = [r for r in obs.socket_records if r.alive]
+    if obs.hello is not None:
+        h = obs.hello
+        if h.protocol != protocol or h.app_version != app_version or h.generation is None:
+            return Verdict(status=Status.STALE, cause=f"protocol {h.protocol}, app {h.app_version}",
+                           generation=h.generation, pid=h.pid, start_id=h.start_id)
+        if not obs.hello_pid_alive:
+            # it answered, then exited: a supervisor stopping, not a wedged one
+            return None
+        rec = obs.hello_record
+        cause: Cause | None = None
+        if obs.revoked:
+            cause = Cause.REVOKED
+        elif rec is None or obs.hello_record_corrupt:
+            cause = Cause.MISSING
+        elif (rec.pid, rec.start_id, rec.socket) != (h.pid, h.start_id, obs.socket) or any(
+            r.generation != h.generation for r in live
+        ):
+            cause = Cause.REPLACED
+        if cause is not None:
+            return Verdict(status=Status.OWNERSHIP_LOST, cause=str(cause),
+                           generation=h.generation, pid=h.pid, start_id=h.start_id)
+        return Verdict(status=Status.CURRENT, generation=h.generation, pid=h.pid,
+                       start_id=h.start_id)
+    # no hello
+    owner = live[0] if live else None
+    if owner is not None and owner.phase == "starting" and not obs.accepts:
+        return Verdict(status=Status.STARTING, generation=owner.generation, pid=owner.pid,
+                       start_id=owner.start_id)
+    if obs.accepts or owner is not None or obs.tracked_workers:
+        why = "accepts connections but sends no hello" if obs.accepts else (
+            "its supervisor is alive but does not listen" if owner is not None
+            else "live workers but no supervisor")
+        return Verdict(
+            status=Status.UNREACHABLE, cause=why,
+            generation=owner.generation if owner else None,
+            pid=owner.pid if owner else None, start_id=owner.start_id if owner else None,
+        )
+    if obs.socket_file:
+        return Verdict(status=Status.ORPHAN_FILE, cause="nobody listens on it")
+    return None
+
+
+REMEDY_OWNERSHIP_LOST = (
+    '! {socket}: supervisor lost its ownership record — run "trio-agentd doctor --fix" to'
+    " restart it (sessions are preserved)"
+)
+
+
+def remedy(socket: str, verdict: Verdict) -> str | None:
+    match verdict.status:
+        case Status.OWNERSHIP_LOST:
+            return REMEDY_OWNERSHIP_LOST.format(socket=socket)
+        case Status.UNREACHABLE:
+            return (f'! {socket}: supervisor does not answer ({verdict.cause}) — run'
+                    ' "trio-agentd doctor --fix" to replace it (sessions are preserved)')
+        case Status.ORPHAN_FILE:
+            return f'! {socket}: stale socket file — "trio-agentd doctor --fix" removes it'
+        case Status.STALE:
+            return (f"! {socket}: supervisor runs another version ({verdict.cause}) — run"
+                    " `trio-agentd restart`")
+        case Status.CURRENT | Status.STARTING:
+            return None
+
+
+# --- the repair plan --------------------------------------------------------------------------
+
+
+class Step(enum.StrEnum):
+    PROVE_HOME = "prove-home"  # generations/<g>/ exists under this home
+    TAKE_ADMISSION = "take-admission"
+    REPROBE_SAME = "reprobe-same"  # the same generation is still wedged (never kill a successor)
+    REVOKE = "revoke"  # tombstone + record moved aside
+    KILL = "kill"  # SIGKILL by pid + start id, exit confirmed
+    REMOVE_SOCKET = "remove-socket"
+    RELAUNCH = "relaunch"  # same socket, standard launch path
+    WAIT_HELLO = "wait-hello"  # a new generation answers
+    RELEASE_ADMISSION = "release-admission"
+    REPROBE_DEAD = "reprobe-dead"  # orphan file: still nobody listening
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Repair:
+    socket: str
+    verdict: Verdict
+    steps: tuple[Step, ...] = ()
+    declined: str | None = None  # why no repair is attempted
+
+    def describe(self) -> str:
+        if self.declined:
+            return f"{self.socket}: not repaired — {self.declined}"
+        return f"{self.socket}: " + " → ".join(self.steps)
+
+
+WEDGED_STEPS = (
+    Step.PROVE_HOME,
+    Step.TAKE_ADMISSION,
+    Step.REPROBE_SAME,
+    Step.REVOKE,
+    Step.KILL,
+    Step.REMOVE_SOCKET,
+    Step.RELAUNCH,
+    Step.WAIT_HELLO,
+    Step.RELEASE_ADMISSION,
+)
+
+
+def plan_repair(socket: str, verdict: Verdict, *, home_proven: bool, home: str) -> Repair | None:
+    """The repair for one problem (``None`` for a healthy daemon: never touched)."""
+    match verdict.status:
+        case Status.ORPHAN_FILE:
+            return Repair(socket=socket, verdict=verdict,
+                          steps=(Step.REPROBE_DEAD, Step.REMOVE_SOCKET))
+        case Status.OWNERSHIP_LOST | Status.UNREACHABLE:
+            if verdict.pid is None or verdict.generation is None:
+                return Repair(socket=socket, verdict=verdict, declined=(
+                    "no supervisor record names it, so there is no identity to kill safely"
+                    " — stop its process by hand"))
+            if verdict.start_id is None:
+                return Repair(socket=socket, verdict=verdict, declined=(
+                    f"the identity of pid {verdict.pid} cannot be read, so it is never signalled"))
+            if not home_proven:
+                return Repair(socket=socket, verdict=verdict, declined=(
+                    f"generation {verdict.generation} does not belong to home {home}"
+                    " (no generations/<g>/ there) — run doctor with the --home it was started"
+                    " with"))
+            return Repair(socket=socket, verdict=verdict, steps=WEDGED_STEPS)
+        case Status.CURRENT | Status.STARTING | Status.STALE:
+            return None
