@@ -16,6 +16,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import trio
@@ -120,6 +121,8 @@ class WorkerHandle:
         self._retry = trio.Event()
         self._stop_event = trio.Event()
         self._stop_request: StopRequested | None = None
+        self._stop_done: trio.Event | None = None
+        self._retry_pending = False
         self._readers: trio.Nursery | None = None
         self.cancel_scope = trio.CancelScope()  # cancelled: stop supervising (worker kept)
         self.log: list[tuple[float, str]] = []  # (time, what): the schedule, for tests and -v
@@ -151,12 +154,25 @@ class WorkerHandle:
         self.last_prompt = trio.current_time()
         self.evicted = False
 
-    def request_stop(self, *, graceful: bool = True) -> None:
+    def request_stop(self, *, graceful: bool = True) -> trio.Event:
+        """Ask the supervise task to stop the worker; the event is set once it has been
+        handled (mode STOPPED, or FAILED if the worker survived SIGKILL)."""
         self._stop_request = StopRequested(graceful=graceful)
         self._stop_event.set()
+        if self._stop_done is None:
+            self._stop_done = trio.Event()
+        return self._stop_done
 
     def retry(self) -> None:
+        """Re-arm a FAILED session (``trio-agentd retry``); a prompt right after waits for it."""
+        if self.mode.value is Mode.FAILED:
+            self._retry_pending = True
         self._retry.set()
+
+    async def wait_retried(self) -> None:
+        """Return once a pending retry has moved the session out of FAILED."""
+        if self._retry_pending:
+            await self.mode.wait_value(lambda m: m is not Mode.FAILED)
 
     async def wait_stopped(self) -> None:
         await self.mode.wait_value(lambda m: m in (Mode.STOPPED, Mode.FAILED))
@@ -196,6 +212,7 @@ class WorkerHandle:
         if self.mode.value is Mode.STOPPED:
             self._demand.set()
         with trio.move_on_after(self.timing.worker_connect_timeout):
+            await self.wait_retried()
             await self.mode.wait_value(lambda m: m in (Mode.READY, Mode.FAILED))
             link = self.link
             if self.mode.value is Mode.READY and link is not None and not link.closed.is_set():
@@ -203,8 +220,7 @@ class WorkerHandle:
             if self.mode.value is Mode.FAILED:
                 raise AgentdError(
                     ErrorCode.WORKER_UNAVAILABLE,
-                    f"session {self.session_id} failed (restarted more than"
-                    f" {self.timing.restart_intensity} times in {self.timing.restart_window:g}s)"
+                    f"session {self.session_id} failed ({self.state.failure or 'see its log'})"
                     f" — run `trio-agentd retry {self.session_id}`",
                 )
             # ready but the link just dropped: wait for the recovery to move on
@@ -239,13 +255,11 @@ class WorkerHandle:
                     while True:
                         self._publish(state)
                         obs = await self._perform(action)
-                        if self._stop_request is not None and isinstance(
-                            obs, Connected | Spawned | TimerFired
-                        ):
-                            # a stop arrived during an uninterruptible action: serve it now
-                            state, action = decide(state, obs, trio.current_time(), self.timing)
-                            self._publish(state)
-                            obs = self._take_stop()
+                        if self._stop_request is not None and not isinstance(obs, StopRequested):
+                            # a stop arrived during an action that could not be interrupted:
+                            # the planner honours it after this outcome, never respawning
+                            req = self._take_stop()
+                            state = replace(state, stop_wanted=True, graceful=req.graceful)
                         state, action = decide(
                             state, obs, trio.current_time(), self.timing,
                             admission_held=self.ops.admission_held(),
@@ -263,6 +277,16 @@ class WorkerHandle:
 
     def _publish(self, state: RecoveryState) -> None:
         self.state = state
+        if (
+            self._stop_done is not None
+            and self._stop_request is None
+            and not state.stop_wanted
+            and state.mode in (Mode.STOPPED, Mode.FAILED)
+        ):
+            self._stop_done.set()
+            self._stop_done = None
+        if state.mode is not Mode.FAILED:
+            self._retry_pending = False
         if self.mode.value is not state.mode:
             self._note(f"mode {state.mode}")
             self.mode.value = state.mode
@@ -310,8 +334,8 @@ class WorkerHandle:
                     if await self._spawn():
                         return Spawned()
                 # failed or not ready in time: make sure it is gone before anything else
-                await self._stop(graceful=False)
-                return SpawnFailed()
+                outcome = await self._stop(graceful=False)
+                return SpawnFailed() if outcome.confirmed else outcome
             case Idle():
                 stopped = await _race(self._demand.wait(), self._stop_event.wait()) == 1
                 if stopped:

@@ -168,6 +168,8 @@ class RecoveryState:
     stop_wanted: bool = False  # a stop was requested: do not respawn after it
     deferred: Pending = Pending.NONE  # an action postponed by a held shutdown admission
     graceful: bool = False
+    unconfirmed: bool = False  # a worker survived our SIGKILL: it may still run
+    failure: str = ""  # why the session is FAILED, for humans
 
 
 
@@ -180,6 +182,9 @@ def decide(
     admission_held: bool = False,
 ) -> tuple[RecoveryState, Action]:
     """The next state and action after ``obs`` at time ``now``."""
+    if state.stop_wanted and isinstance(obs, Connected | Spawned | TimerFired):
+        # a stop arrived while this action ran: honour it before anything else
+        return _stop(state, timing, admission_held, graceful=state.graceful)
     match obs:
         case Start(alive=alive, wanted=wanted, failed=failed):
             if failed:
@@ -199,15 +204,17 @@ def decide(
                 return _stop(state, timing, admission_held, graceful=False)
             if not alive:
                 return _respawn(state, now, timing, admission_held)
-            return _next_reconnect(replace(state, attempts=0, rounds=0), timing)
+            return _next_reconnect(replace(state, attempts=0, rounds=0), timing, admission_held)
         case ConnectFailed(alive=alive):
             if state.stop_wanted:
                 return _stop(state, timing, admission_held, graceful=False)
             if not alive:
                 return _respawn(state, now, timing, admission_held)
             if state.mode is Mode.ADOPTING:
-                return _next_reconnect(replace(state, attempts=0, rounds=0), timing)
-            return _next_reconnect(state, timing)
+                return _next_reconnect(
+                    replace(state, attempts=0, rounds=0), timing, admission_held
+                )
+            return _next_reconnect(state, timing, admission_held)
         case TimerFired():
             if state.deferred is Pending.STOP:
                 return _stop(state, timing, admission_held, graceful=state.graceful)
@@ -226,7 +233,12 @@ def decide(
         case Stopped(confirmed=confirmed):
             if not confirmed:
                 # never start a second worker beside one we could not stop
-                return replace(state, mode=Mode.FAILED, deferred=Pending.NONE), Fail()
+                return replace(
+                    state, mode=Mode.FAILED, deferred=Pending.NONE, unconfirmed=True,
+                    stop_wanted=False,
+                    failure="its worker survived SIGKILL; stop it by hand, then retry",
+                ), Fail()
+            state = replace(state, unconfirmed=False)
             if state.stop_wanted:
                 return (
                     replace(state, mode=Mode.STOPPED, stop_wanted=False, deferred=Pending.NONE),
@@ -243,14 +255,18 @@ def decide(
             return state, _current_action(state)
         case Retry():
             if state.mode is Mode.FAILED:
-                return _respawn(replace(state, respawns=()), now, timing, admission_held,
-                                count=False)
+                if state.unconfirmed:
+                    # try to stop the survivor first; a respawn follows a confirmed stop
+                    return _stop(replace(state, respawns=(), failure=""), timing, False,
+                                 graceful=False)
+                return _respawn(replace(state, respawns=(), failure=""), now, timing,
+                                admission_held, count=False)
             return replace(state, respawns=()), _current_action(state)
         case StopRequested(graceful=graceful):
-            if state.mode in (Mode.STOPPED, Mode.FAILED):
-                return replace(state, mode=Mode.STOPPED, stop_wanted=False), Idle()
-            return _stop(replace(state, stop_wanted=True), timing, admission_held,
-                         graceful=graceful)
+            if state.mode is Mode.STOPPED or (state.mode is Mode.FAILED and not state.unconfirmed):
+                return replace(state, mode=Mode.STOPPED, stop_wanted=False, failure=""), Idle()
+            return _stop(replace(state, stop_wanted=True, graceful=graceful), timing,
+                         admission_held, graceful=graceful)
 
 
 def _current_action(state: RecoveryState) -> Action:
@@ -263,13 +279,15 @@ def _current_action(state: RecoveryState) -> Action:
             return Idle()
 
 
-def _next_reconnect(state: RecoveryState, timing: Timing) -> tuple[RecoveryState, Action]:
+def _next_reconnect(
+    state: RecoveryState, timing: Timing, admission_held: bool
+) -> tuple[RecoveryState, Action]:
     delays = timing.worker_retry_delays
     if state.attempts < len(delays):
         return replace(state, mode=Mode.RECOVERING), Wait(delays[state.attempts])
     if state.rounds < timing.max_deferred_recovery_rounds:
         return replace(state, mode=Mode.RECOVERING), Wait(timing.deferred_recovery_recheck)
-    return _stop(state, timing, False, graceful=False)
+    return _stop(state, timing, admission_held, graceful=False)
 
 
 def _stop(
@@ -304,8 +322,11 @@ def _respawn(
     total = state.restarts_total
     if count:
         if len(recent) >= timing.restart_intensity:
-            return replace(state, mode=Mode.FAILED, respawns=recent,
-                           deferred=Pending.NONE), Fail()
+            return replace(
+                state, mode=Mode.FAILED, respawns=recent, deferred=Pending.NONE,
+                failure=f"restarted more than {timing.restart_intensity} times in"
+                f" {timing.restart_window:g}s",
+            ), Fail()
         recent = (*recent, now)
         total += 1
     return (

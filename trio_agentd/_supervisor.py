@@ -209,10 +209,9 @@ class Supervisor:
             with trio.move_on_after(
                 2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 2
             ):
-                for h in self.sessions.values():
-                    h.request_stop(graceful=True)
-                for h in self.sessions.values():
-                    await h.wait_stopped()
+                done = [h.request_stop(graceful=True) for h in self.sessions.values()]
+                for event in done:
+                    await event.wait()
         for h in self.sessions.values():
             h.cancel_scope.cancel()
         with contextlib.suppress(OSError):
@@ -570,11 +569,11 @@ class Supervisor:
             case "kill_session":
                 sid = _str_arg(args, "session")
                 victim = self._known(sid)
-                victim.request_stop(graceful=True)
+                handled = victim.request_stop(graceful=True)
                 with trio.move_on_after(
                     2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 1
                 ):
-                    await victim.wait_stopped()
+                    await handled.wait()
                 stopped = victim.mode.value is Mode.STOPPED
                 if stopped:
                     self.sessions.pop(sid, None)
@@ -584,6 +583,8 @@ class Supervisor:
             case "retry_session":
                 again = self._known(_str_arg(args, "session"))
                 again.retry()
+                with trio.move_on_after(self.timing.worker_connect_timeout):
+                    await again.wait_retried()
                 return again.summary()
             case "shutdown":
                 return {"generation": self.generation, "pid": os.getpid(),
