@@ -194,11 +194,12 @@ def daemon_env(*, fresh_machine: bool = False, extra_env: dict[str, str] | None 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TRIO_AGENTD_", "XDG_"))}
     base["HOME"] = str(root / "userhome")
     base["TA_TEST_RUN"] = str(root)  # the marker every process we start inherits
+    # a private runtime dir: ps/doctor discovery scans the default socket dir
+    base["XDG_RUNTIME_DIR"] = str(root / "run")
+    (root / "run").mkdir(mode=0o700)
     if fresh_machine:
         # nothing but HOME and XDG dirs: the defaults of SPEC §3 pick every path
         base["XDG_STATE_HOME"] = str(root / "userhome" / ".local" / "state")
-        base["XDG_RUNTIME_DIR"] = str(root / "run")
-        (root / "run").mkdir(mode=0o700)
     else:
         base["TRIO_AGENTD_HOME"] = str(env.home)
         base["TRIO_AGENTD_REGISTRY_DIR"] = str(env.registry)
