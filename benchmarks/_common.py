@@ -30,6 +30,18 @@ class Env:
     def socket(self) -> str:
         return str(self.root / "s" / "d.sock")
 
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def registry(self) -> Path:
+        return self.root / "reg"
+
+    @property
+    def marker(self) -> bytes:
+        return f"TA_BENCH_RUN={self.root}".encode()
+
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "trio_agentd", *args]
 
@@ -51,8 +63,22 @@ def _our_pids(marker: bytes) -> list[int]:
     return out
 
 
+def ensure_bytecode() -> None:
+    """Compile the package's bytecode, as ``pip install`` does for users.
+
+    Sessions here run with PYTHONDONTWRITEBYTECODE=1 and an editable install, so without this
+    every CLI process would compile its modules from source — a cost no user pays.
+    """
+    import compileall
+
+    import trio_agentd
+
+    compileall.compile_dir(os.path.dirname(trio_agentd.__file__), quiet=1)
+
+
 @contextlib.contextmanager
 def private_env() -> Iterator[Env]:
+    ensure_bytecode()
     root = Path(tempfile.mkdtemp(prefix="tab-", dir="/tmp"))
     (root / "s").mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIO_AGENTD_")}
@@ -70,6 +96,34 @@ def private_env() -> Iterator[Env]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def inherited(env: Env) -> Iterator[None]:
+    """Make this process's environment ``env.env`` for the body, then restore it.
+
+    For benchmarks that run the client in-process: a supervisor the client autostarts inherits
+    this process's environment, so it gets the private paths and the marker that
+    :func:`private_env` kills by.
+    """
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env.env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def kill_started(env: Env) -> int:
+    """SIGKILL every process started in ``env`` now (by marker and pid); how many were hit."""
+    hit = 0
+    for pid in _our_pids(env.marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            hit += 1
+    return hit
 
 
 def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
