@@ -33,7 +33,8 @@ def ps_figure(n_runs: int) -> dict[str, dict[str, float]]:
             (env.root / "run").mkdir(mode=0o700)
             _start_daemons(env, count)
             rows = json.loads(env.run("ps", "--json").stdout)
-            assert len(rows) == count and all(r["status"] == "current" for r in rows), rows
+            assert len(rows) == count, rows
+            assert all(r["status"] == "current" for r in rows), rows
             base, ps = [], []
             for _ in range(n_runs):
                 base.append(timed([sys.executable, "-c", "pass"]))

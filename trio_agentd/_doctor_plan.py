@@ -29,6 +29,7 @@ from ._ownership import Cause
 class Status(enum.StrEnum):
     CURRENT = "current"
     STARTING = "starting"
+    STOPPING = "stopping"
     STALE = "stale"
     OWNERSHIP_LOST = "ownership-lost"
     UNREACHABLE = "unreachable"
@@ -122,8 +123,11 @@ def classify(obs: Observation, *, protocol: int, app_version: str) -> Verdict | 
                        start_id=h.start_id)
     # no hello
     owner = live[0] if live else None
-    if owner is not None and owner.phase == "starting" and not obs.accepts:
-        return Verdict(status=Status.STARTING, generation=owner.generation, pid=owner.pid,
+    if owner is not None and owner.phase in ("starting", "stopping"):
+        # its record is written before it listens and says "stopping" before it stops
+        # listening: no hello is expected in either phase
+        status = Status.STARTING if owner.phase == "starting" else Status.STOPPING
+        return Verdict(status=status, generation=owner.generation, pid=owner.pid,
                        start_id=owner.start_id)
     if obs.accepts or owner is not None or obs.tracked_workers:
         why = "accepts connections but sends no hello" if obs.accepts else (
@@ -157,7 +161,7 @@ def remedy(socket: str, verdict: Verdict) -> str | None:
         case Status.STALE:
             return (f"! {socket}: supervisor runs another version ({verdict.cause}) — run"
                     " `trio-agentd restart`")
-        case Status.CURRENT | Status.STARTING:
+        case Status.CURRENT | Status.STARTING | Status.STOPPING:
             return None
 
 
@@ -223,5 +227,5 @@ def plan_repair(socket: str, verdict: Verdict, *, home_proven: bool, home: str) 
                     " (no generations/<g>/ there) — run doctor with the --home it was started"
                     " with"))
             return Repair(socket=socket, verdict=verdict, steps=WEDGED_STEPS)
-        case Status.CURRENT | Status.STARTING | Status.STALE:
+        case Status.CURRENT | Status.STARTING | Status.STOPPING | Status.STALE:
             return None

@@ -14,6 +14,7 @@ from ._paths import Layout
 _COLOURS = {
     Status.CURRENT: "32",
     Status.STARTING: "36",
+    Status.STOPPING: "36",
     Status.STALE: "33",
     Status.OWNERSHIP_LOST: "31",
     Status.UNREACHABLE: "31",
@@ -21,8 +22,9 @@ _COLOURS = {
 }
 
 
-def _colour() -> bool:
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+def _colour(out: Any) -> bool:
+    isatty = getattr(out, "isatty", None)
+    return bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
 
 
 def _age(seconds: float | None) -> str:
@@ -43,7 +45,7 @@ def print_table(found: list[Found], *, out: Any = None) -> None:
     if not found:
         print("no trio-agentd supervisor found", file=out)
         return
-    colour = _colour()
+    colour = _colour(out)
     headers = ["", "SOCKET", "PID", "VERSION", "STATUS", "SESSIONS", "UPTIME"]
     rows = []
     for f in found:

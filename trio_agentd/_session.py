@@ -37,6 +37,7 @@ class Transcript:
         self.turns = 0
         self.keys: set[tuple[str, str]] = set()
         self.last: dict[str, Any] | None = None
+        self._fd: int | None = None
         data = _fs.read_bytes(self.path) or b""
         for line in data.split(b"\n"):
             try:
@@ -49,18 +50,28 @@ class Transcript:
                 self.last = rec
 
     def append(self, rec: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        """Append a line (no fsync: the journal is the durable record; see ``sync``)."""
         line = json.dumps({**rec, "at": now_iso()}, separators=(",", ":")).encode() + b"\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self._fd is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(
+                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+        os.write(self._fd, line)
         if rec.get("kind") == "turn":
             self.turns = max(self.turns, int(rec["turn"]))
             self.keys.add((str(rec.get("client_id", "")), str(rec.get("id", ""))))
             self.last = rec
+
+
+    def sync(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def write_meta(session_dir: Path, meta: dict[str, Any]) -> None:

@@ -144,7 +144,6 @@ class Supervisor:
             try:
                 (L.generations_dir / self.generation).mkdir(mode=0o700, exist_ok=True)
                 self._bind()
-                await self.ownership.set_phase(Phase.OWNER)
                 self._load_descriptors()
                 async with trio.open_nursery() as service:
                     self._service = service
@@ -160,12 +159,18 @@ class Supervisor:
                         service.start_soon(self._self_check_loop)
                         service.start_soon(self._idle_sweep_loop)
                         service.start_soon(self._accept_loop, self._listen_sock)
+                        # "owner" once hellos are served: ps never mistakes a starting
+                        # supervisor (listening, no accept loop yet) for a wedged one
+                        await self.ownership.set_phase(Phase.OWNER)
                         log.info(
                             "supervisor generation %s pid %s listening on %s",
                             self.generation, os.getpid(), L.socket,
                         )
                         task_status.started(self)
                         await self.shutdown_requested.wait()
+                        # "stopping" before the listener closes: ps does not call it wedged
+                        with contextlib.suppress(AgentdError, OSError):
+                            await self.ownership.set_phase(Phase.STOPPING)
                         # drain: no new connections; commands in flight finish (bounded)
                         self._close_listener(unlink=True)
                         with trio.move_on_after(self.timing.stop_grace):

@@ -82,7 +82,15 @@ class WorkerConfig:
 
 
 class Journal:
-    """The worker's command journal file (appends are fsynced before they return)."""
+    """The worker's command journal, with group commit.
+
+    ``append`` writes a record at once (so it survives a ``kill -9`` of this process: it is in
+    the page cache, in order); ``await sync(seq)`` returns once that record is on disk. One
+    flusher task runs ``fdatasync`` in a thread and covers every record written before it
+    started, so a turn's ``completed`` and the next turn's ``accepted`` share one flush, and
+    so do the records of concurrent commands. Durability is unchanged: nobody is answered, and
+    no command runs, before its record is on disk.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -92,15 +100,80 @@ class Journal:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
             os.write(self._fd, b"\n")  # seal a truncated tail so the next record parses
+        self.written = 0  # sequence number of the last record written
+        self._durable = 0  # ... and of the last one known to be on disk
+        self._durable_changed = trio.Event()
+        self._wanted = trio.Event()
+        self._flusher_running = False
+        self._flushing = False
+        self.flushes = 0
 
-    def append(self, line: bytes) -> None:
+    def append(self, line: bytes) -> int:
+        """Write a record (not yet durable); its sequence number for :meth:`sync`."""
         os.write(self._fd, line)
-        os.fsync(self._fd)
         self.state.apply(json.loads(line))
         self._lines += 1
+        self.written += 1
+        return self.written
+
+    async def sync(self, seq: int) -> None:
+        """Return once record ``seq`` (and every one before it) is on disk.
+
+        Cancellation: the caller stops waiting; the flush goes on for the others.
+        """
+        while self._durable < seq:
+            if not self._flusher_running:
+                self._flush_now()
+                return
+            self._wanted.set()
+            event = self._durable_changed
+            await event.wait()
+
+    def append_durable(self, line: bytes) -> None:
+        """Write and flush inline (startup recovery, before the flusher runs)."""
+        self._flush_now(self.append(line))
+
+    def _flush_now(self, seq: int | None = None) -> None:
+        target = self.written if seq is None else max(seq, self.written)
+        os.fdatasync(self._fd)
+        self.flushes += 1
+        self._mark_durable(target)
+
+    def _mark_durable(self, seq: int) -> None:
+        if seq > self._durable:
+            self._durable = seq
+            self._durable_changed.set()
+            self._durable_changed = trio.Event()
+
+    async def run_flusher(self) -> None:
+        """Group commit: flush whatever was written since the last flush, in a thread."""
+        self._flusher_running = True
+        try:
+            while True:
+                await self._wanted.wait()
+                self._wanted = trio.Event()
+                target = self.written
+                if target <= self._durable:
+                    continue
+                self._flushing = True
+                try:
+                    await trio.to_thread.run_sync(os.fdatasync, self._fd)
+                finally:
+                    self._flushing = False
+                self.flushes += 1
+                self._mark_durable(target)
+        finally:
+            self._flusher_running = False
+            if self._durable < self.written:
+                # stopping: whoever still waits is answered by one last flush, here
+                self._flush_now()
+
+    def wants_compaction(self) -> bool:
+        return self._lines >= COMPACT_AFTER
 
     def maybe_compact(self) -> None:
-        if self._lines < COMPACT_AFTER:
+        """Rewrite the journal when it grew long; only when every record is durable."""
+        if self._lines < COMPACT_AFTER or self._flushing or self._durable < self.written:
             return
         from ._fs import atomic_write
 
@@ -189,6 +262,8 @@ class WorkerCore:
             self._nursery = nursery
             nursery.start_soon(self._refence_loop)
             self._recover_pending()
+            if self.journal is not None:
+                nursery.start_soon(self.journal.run_flusher)
             task_status.started()
             await self.stop_requested.wait()
             # graceful: let an accepted command finish, bounded
@@ -199,11 +274,27 @@ class WorkerCore:
     def _recover_pending(self) -> None:
         if self.journal is None:
             return
-        for k, rec in self.journal.state.pending():
+        state = self.journal.state
+        if self.transcript is not None:
+            # the transcript is a view of the journal, written without its own fsync: bring it
+            # up to date with every completed turn the journal made durable
+            for k, result in state.completed.items():
+                if k in self.transcript.keys or not isinstance(result, dict):
+                    continue
+                if not isinstance(result.get("turn"), int):
+                    continue
+                text = state.accepted.get(k, {}).get("args", {}).get("text", "")
+                self.transcript.append(
+                    {"kind": "turn", "turn": result["turn"], "prompt": text,
+                     "reply": result.get("reply", ""), "client_id": k[0], "id": k[1],
+                     "recovered": True}
+                )
+            self.transcript.sync()
+        for k, rec in state.pending():
             if self.transcript is not None and k in self.transcript.keys:
                 # it finished and was transcribed just before a crash: complete it, do not rerun
                 last = self.transcript.last or {}
-                self.journal.append(_journal.completed(k[0], rec.get("id", k[1]), {
+                self.journal.append_durable(_journal.completed(k[0], rec.get("id", k[1]), {
                     "session": self.session_id, "turn": last.get("turn"),
                     "reply": last.get("reply", "")}))
             elif self.agent.replayable and rec.get("op") == "prompt":
@@ -213,12 +304,13 @@ class WorkerCore:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._replay, k, rec, running)
             else:
-                self.journal.append(_journal.interrupted(k[0], rec.get("id", k[1])))
+                self.journal.append_durable(_journal.interrupted(k[0], rec.get("id", k[1])))
                 log.warning("command %s was interrupted by a worker restart", k)
 
     async def _replay(self, k: _journal.Key, rec: dict[str, Any], running: _Running) -> None:
         await self._turn.acquire()
-        await self._execute(k, str(rec.get("args", {}).get("text", "")), running, replay=True)
+        await self._execute(k, str(rec.get("args", {}).get("text", "")), running, 0,
+                            replay=True)
 
     # connections ------------------------------------------------------------------------
     async def serve_connection(self, stream: trio.abc.Stream) -> None:
@@ -403,12 +495,14 @@ class WorkerCore:
             if running is None:
                 running = _Running(conn, req.id)
                 self._running[k] = running
+                accepted = 0
                 if self.journal is not None:
-                    self.journal.append(
+                    accepted = self.journal.append(
                         _journal.accepted(req.client_id, command_id, "prompt", req.args)
                     )
                 assert self._nursery is not None
-                self._nursery.start_soon(self._execute, k, text, running)
+                # runs in the worker's nursery: a dropped connection cannot abandon it
+                self._nursery.start_soon(self._execute, k, text, running, accepted)
             else:
                 self._turn.release()
         running.listener = conn
@@ -443,6 +537,9 @@ class WorkerCore:
         done = self._done_result(k)
         if done is None:
             return False
+        if self.journal is not None:
+            # answer only from a durable record (it may have been written a moment ago)
+            await self.journal.sync(self.journal.written)
         completed, result = done
         await self._respond(
             conn, ok(req.id, result) if completed else fail(req.id, interrupted_error(k))
@@ -450,57 +547,79 @@ class WorkerCore:
         return True
 
     async def _execute(
-        self, k: _journal.Key, text: str, running: _Running, *, replay: bool = False
+        self,
+        k: _journal.Key,
+        text: str,
+        running: _Running,
+        accepted: int,
+        *,
+        replay: bool = False,
     ) -> None:
-        """Run one accepted command to completion. The caller holds ``self._turn``."""
+        """Run one accepted command to completion. The caller holds ``self._turn``.
+
+        The command runs once its ``accepted`` record is on disk; the turn is released as soon
+        as its ``completed`` record is written, so the next turn's ``accepted`` shares the same
+        flush; its client is answered once that flush is done.
+        """
+        seq = accepted
         try:
-            turn = self.turns + 1
-            ctx = TurnContext(
-                session_id=self.session_id,
-                turn=turn,
-                cwd=self.cwd,
-                session_dir=self.transcript.dir if self.transcript else self.cwd,
-            )
-            chunks: list[str] = []
-            try:
-                turn_chunks = self.agent.turn(text, ctx)
-                async with _closing(turn_chunks):
-                    async for chunk in turn_chunks:
-                        chunks.append(chunk)
-                        await self._relay(running, chunk)
-            except AgentdError as exc:
-                log.warning("agent refused turn %s: %s", turn, exc.message)
-                running.error = exc
-                if self.journal is not None:
-                    self.journal.append(_journal.interrupted(k[0], k[1]))
-                return
-            except Exception as exc:
-                log.exception("agent failed on turn %s", turn)
-                running.error = AgentdError(ErrorCode.INTERNAL, f"agent failed: {exc}")
-                if self.journal is not None:
-                    self.journal.append(_journal.interrupted(k[0], k[1]))
-                return
-            reply = "".join(chunks)
-            result = {"session": self.session_id, "turn": turn, "reply": reply}
-            if self.transcript is not None:
-                self.transcript.append(
-                    {"kind": "turn", "turn": turn, "prompt": text, "reply": reply,
-                     "client_id": k[0], "id": k[1], "replayed": replay}
-                )
-            else:
-                self._memory_turns = turn
-                self._memory_done[k] = result
-                while len(self._memory_done) > KEEP_COMPLETED:
-                    del self._memory_done[next(iter(self._memory_done))]
             if self.journal is not None:
-                self.journal.append(_journal.completed(k[0], k[1], result))
-                self.journal.maybe_compact()
-            self.turns_run += 1
-            running.result = result
+                await self.journal.sync(accepted)
+            seq = await self._run_turn(k, text, running, replay=replay)
         finally:
-            self._running.pop(k, None)
-            running.done.set()
             self._turn.release()
+        if self.journal is not None:
+            with trio.CancelScope(shield=True):
+                await self.journal.sync(seq)
+            if self.journal.wants_compaction():
+                if self.transcript is not None:
+                    self.transcript.sync()  # compaction forgets old results: keep the view
+                self.journal.maybe_compact()
+        self._running.pop(k, None)
+        running.done.set()
+
+    async def _run_turn(
+        self, k: _journal.Key, text: str, running: _Running, *, replay: bool
+    ) -> int:
+        """Run the agent and write the outcome; the journal sequence number to wait for."""
+        journal = self.journal
+        turn = self.turns + 1
+        ctx = TurnContext(
+            session_id=self.session_id,
+            turn=turn,
+            cwd=self.cwd,
+            session_dir=self.transcript.dir if self.transcript else self.cwd,
+        )
+        chunks: list[str] = []
+        try:
+            turn_chunks = self.agent.turn(text, ctx)
+            async with _closing(turn_chunks):
+                async for chunk in turn_chunks:
+                    chunks.append(chunk)
+                    await self._relay(running, chunk)
+        except AgentdError as exc:
+            log.warning("agent refused turn %s: %s", turn, exc.message)
+            running.error = exc
+            return journal.append(_journal.interrupted(k[0], k[1])) if journal else 0
+        except Exception as exc:
+            log.exception("agent failed on turn %s", turn)
+            running.error = AgentdError(ErrorCode.INTERNAL, f"agent failed: {exc}")
+            return journal.append(_journal.interrupted(k[0], k[1])) if journal else 0
+        reply = "".join(chunks)
+        result = {"session": self.session_id, "turn": turn, "reply": reply}
+        if self.transcript is not None:
+            self.transcript.append(
+                {"kind": "turn", "turn": turn, "prompt": text, "reply": reply,
+                 "client_id": k[0], "id": k[1], "replayed": replay}
+            )
+        else:
+            self._memory_turns = turn
+            self._memory_done[k] = result
+            while len(self._memory_done) > KEEP_COMPLETED:
+                del self._memory_done[next(iter(self._memory_done))]
+        self.turns_run += 1
+        running.result = result
+        return journal.append(_journal.completed(k[0], k[1], result)) if journal else 0
 
 
 @contextlib.asynccontextmanager
@@ -594,6 +713,8 @@ async def run_worker(
             nursery.start_soon(accept)
             await core.serve()
             nursery.cancel_scope.cancel()
+    transcript.sync()
+    transcript.close()
     try:
         if os.stat(path).st_ino == bound_ino:
             os.unlink(path)
