@@ -84,20 +84,36 @@ def autostart_and_wait(layout: Layout, timing: Timing = DEFAULT_TIMING) -> None:
         AgentdError: ``daemon_unavailable`` with the exit code and log tail if the spawned
             supervisor failed, or after ``startup_timeout``.
     """
+    from . import _fs
     from ._syncclient import probe
 
-    proc = spawn_daemon(layout)
     deadline = time.monotonic() + timing.startup_timeout
-    while time.monotonic() < deadline:
-        got = probe(layout, timing)
-        if got is not None:
-            got[0].close()
-            return
-        rc = proc.poll()
-        if rc is not None and rc != 0:
-            raise startup_failed(layout, rc)
-        time.sleep(timing.probe_interval)
-    raise startup_timeout(layout, timing.startup_timeout)
+    # one client spawns, the others wait for its supervisor's hello: a crowd of clients
+    # starting at once does not start a crowd of supervisors that all but one lose
+    lock_path = layout.socket + ".autostart"
+    proc: subprocess.Popen[bytes] | None = None
+    lock_fd: int | None = None
+    try:
+        while time.monotonic() < deadline:
+            got = probe(layout, timing)
+            if got is not None:
+                got[0].close()
+                return
+            if proc is None:
+                lock_fd = _fs.try_lock(lock_path)
+                if lock_fd is not None:
+                    got = probe(layout, timing)  # someone may have finished meanwhile
+                    if got is not None:
+                        got[0].close()
+                        return
+                    proc = spawn_daemon(layout)
+            elif (rc := proc.poll()) is not None and rc != 0:
+                raise startup_failed(layout, rc)
+            time.sleep(timing.probe_interval)
+        raise startup_timeout(layout, timing.startup_timeout)
+    finally:
+        if lock_fd is not None:
+            _fs.unlock(lock_fd)
 
 
 def main() -> None:

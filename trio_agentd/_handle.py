@@ -325,6 +325,8 @@ class WorkerHandle:
                 self.link = None
                 await link.aclose()
                 self._note("link lost")
+                # (liveness treats a process that is already exiting as dead: a killed
+                # worker's socket closes a moment before it becomes a zombie)
                 return LinkLost(alive=self.ops.alive(self))
             case Stop(graceful=graceful):
                 return await self._stop(graceful=graceful)

@@ -93,7 +93,12 @@ def liveness(pid: int, start_id: str | None) -> Liveness:
     return Liveness.ALIVE if current == start_id else Liveness.DEAD
 
 
+_PF_EXITING = 0x4  # include/linux/sched.h: the task is exiting
+
+
 def _is_zombie(pid: int) -> bool:
+    """Dead for our purposes: a zombie, or already exiting (its fds, sockets included, are
+    closed before it becomes a zombie — a crash must not look alive in that window)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -101,8 +106,13 @@ def _is_zombie(pid: int) -> bool:
             data = f.read()
     except OSError:
         return False
-    tail = data[data.rfind(b")") + 2 :]
-    return tail[:1] in (b"Z", b"X")
+    tail = data[data.rfind(b")") + 2 :].split()
+    if not tail or tail[0] in (b"Z", b"X"):
+        return True
+    try:
+        return bool(int(tail[6]) & _PF_EXITING)  # field 9, flags
+    except (IndexError, ValueError):
+        return False
 
 
 def is_alive(pid: int, start_id: str | None) -> bool:
