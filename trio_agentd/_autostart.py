@@ -90,6 +90,9 @@ def autostart_and_wait(layout: Layout, timing: Timing = DEFAULT_TIMING) -> None:
     deadline = time.monotonic() + timing.startup_timeout
     # one client spawns, the others wait for its supervisor's hello: a crowd of clients
     # starting at once does not start a crowd of supervisors that all but one lose
+    from ._paths import ensure_private_dir
+
+    ensure_private_dir(layout.socket_dir)  # a fresh machine has no socket dir yet
     lock_path = layout.socket + ".autostart"
     proc: subprocess.Popen[bytes] | None = None
     lock_fd: int | None = None
