@@ -116,13 +116,16 @@ class Journal:
         self.written += 1
         return self.written
 
-    async def sync(self, seq: int) -> None:
+    async def sync(self, seq: int, *, inline: bool = False) -> None:
         """Return once record ``seq`` (and every one before it) is on disk.
+
+        ``inline``: nobody else is waiting, so flush here without a thread hop (the lowest
+        latency for a lone command; concurrent commands share the flusher's flushes).
 
         Cancellation: the caller stops waiting; the flush goes on for the others.
         """
         while self._durable < seq:
-            if not self._flusher_running:
+            if not self._flusher_running or (inline and not self._flushing):
                 self._flush_now()
                 return
             self._wanted.set()
@@ -563,20 +566,28 @@ class WorkerCore:
         """
         seq = accepted
         try:
-            if self.journal is not None:
-                await self.journal.sync(accepted)
+            if self.journal is not None and not self.agent.replayable:
+                # a command with effects that must not repeat runs only once its acceptance
+                # is on disk; a replayable one may run at once (its record is already in the
+                # page cache, which a kill -9 of this process does not lose; if the machine
+                # dies first, the client was never answered and may safely resend it)
+                await self.journal.sync(accepted, inline=self._alone())
             seq = await self._run_turn(k, text, running, replay=replay)
         finally:
             self._turn.release()
         if self.journal is not None:
             with trio.CancelScope(shield=True):
-                await self.journal.sync(seq)
+                await self.journal.sync(seq, inline=self._alone())
             if self.journal.wants_compaction():
                 if self.transcript is not None:
                     self.transcript.sync()  # compaction forgets old results: keep the view
                 self.journal.maybe_compact()
         self._running.pop(k, None)
         running.done.set()
+
+    def _alone(self) -> bool:
+        """Only one command in flight: flush inline (no thread hop); else group-commit."""
+        return len(self._running) <= 1 and self._turn.statistics().tasks_waiting == 0
 
     async def _run_turn(
         self, k: _journal.Key, text: str, running: _Running, *, replay: bool
