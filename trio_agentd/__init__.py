@@ -6,22 +6,26 @@ The public names are loaded lazily (PEP 562) so that ``trio-agentd -p`` — whic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ._errors import AgentdError as AgentdError
 from ._errors import ErrorCode as ErrorCode
 from ._version import APP_VERSION as __version__
-from .timing import DEFAULT_TIMING as DEFAULT_TIMING
-from .timing import Timing as Timing
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from typing import Any
 if TYPE_CHECKING:
     from ._client import Client as Client
     from ._client import open_client as open_client
     from ._supervisor import Supervisor as Supervisor
     from ._supervisor import SupervisorConfig as SupervisorConfig
     from ._supervisor import open_supervisor as open_supervisor
+    from .timing import DEFAULT_TIMING as DEFAULT_TIMING
+    from .timing import Timing as Timing
+
 
 _LAZY = {
+    "Timing": ".timing",
+    "DEFAULT_TIMING": ".timing",
     "Client": "._client",
     "open_client": "._client",
     "Supervisor": "._supervisor",

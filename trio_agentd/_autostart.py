@@ -19,10 +19,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ._defaults import CLIENT, ClientTiming
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
-from .timing import DEFAULT_TIMING, Timing
+
+if TYPE_CHECKING:
+    from .timing import Timing
 
 LOSER_EXIT = 0
 
@@ -77,7 +81,7 @@ def startup_timeout(layout: Layout, seconds: float) -> AgentdError:
     )
 
 
-def autostart_and_wait(layout: Layout, timing: Timing = DEFAULT_TIMING) -> None:
+def autostart_and_wait(layout: Layout, timing: Timing | ClientTiming = CLIENT) -> None:
     """Spawn a supervisor and wait until *a* supervisor (ours or a race winner) says hello.
 
     Raises:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from enum import StrEnum
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class ErrorCode(StrEnum):

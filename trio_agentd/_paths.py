@@ -9,10 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from dataclasses import dataclass
-from pathlib import Path
 
 from ._errors import AgentdError, ErrorCode
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from pathlib import Path
+
 
 APP_NAME = "trio-agentd"
 # sockaddr_un.sun_path is 108 bytes on Linux including the terminating NUL.
@@ -42,10 +45,12 @@ def socket_key(normalized_socket: str) -> str:
 def _state_root() -> Path:
     import platformdirs
 
-    return Path(platformdirs.user_state_path(APP_NAME))
+    return platformdirs.user_state_path(APP_NAME)
 
 
 def default_home() -> Path:
+    from pathlib import Path
+
     env = os.environ.get("TRIO_AGENTD_HOME")
     if env:
         return Path(os.path.abspath(env))
@@ -53,6 +58,8 @@ def default_home() -> Path:
 
 
 def default_registry_dir() -> Path:
+    from pathlib import Path
+
     env = os.environ.get("TRIO_AGENTD_REGISTRY_DIR")
     if env:
         return Path(os.path.abspath(env))
@@ -75,13 +82,30 @@ def default_socket() -> str:
     return normalize_socket_path(os.path.join(default_socket_dir(), "daemon.sock"))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
-    """Every path one supervisor (or a client of it) uses."""
+    """Every path one supervisor (or a client of it) uses. Immutable.
 
-    home: Path
+    A plain slotted class rather than a dataclass, and ``home``/``registry`` are resolved on
+    first use: the CLI's warm path only needs the socket path, and should not pay for
+    ``dataclasses``, ``pathlib`` or ``platformdirs``.
+    """
+
+    __slots__ = ("_home", "_registry", "socket")
+
     socket: str
-    registry: Path
+    _home: str | None
+    _registry: str | None
+
+    def __init__(
+        self,
+        *,
+        home: str | os.PathLike[str] | None,
+        socket: str,
+        registry: str | os.PathLike[str] | None,
+    ) -> None:
+        object.__setattr__(self, "socket", socket)
+        object.__setattr__(self, "_home", None if home is None else os.fspath(home))
+        object.__setattr__(self, "_registry", None if registry is None else os.fspath(registry))
 
     @classmethod
     def resolve(
@@ -91,13 +115,46 @@ class Layout:
         home: str | os.PathLike[str] | None = None,
         registry: str | os.PathLike[str] | None = None,
     ) -> Layout:
+        """Flags first, then the environment, then the defaults of SPEC §3."""
+        env_home = os.environ.get("TRIO_AGENTD_HOME")
+        env_registry = os.environ.get("TRIO_AGENTD_REGISTRY_DIR")
+        home = home if home is not None else (env_home or None)
+        registry = registry if registry is not None else (env_registry or None)
         return cls(
-            home=Path(os.path.abspath(home)) if home is not None else default_home(),
+            home=None if home is None else os.path.abspath(home),
             socket=normalize_socket_path(socket) if socket is not None else default_socket(),
-            registry=(
-                Path(os.path.abspath(registry)) if registry is not None else default_registry_dir()
-            ),
+            registry=None if registry is None else os.path.abspath(registry),
         )
+
+    @property
+    def home(self) -> Path:
+        from pathlib import Path
+
+        if self._home is None:
+            object.__setattr__(self, "_home", str(default_home()))
+        return Path(str(self._home))
+
+    @property
+    def registry(self) -> Path:
+        from pathlib import Path
+
+        if self._registry is None:
+            object.__setattr__(self, "_registry", str(default_registry_dir()))
+        return Path(str(self._registry))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Layout is immutable (tried to set {name})")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return (self.home, self.socket, self.registry) == (other.home, other.socket, other.registry)
+
+    def __hash__(self) -> int:
+        return hash((self.home, self.socket, self.registry))
+
+    def __repr__(self) -> str:
+        return f"Layout(home={self.home!r}, socket={self.socket!r}, registry={self.registry!r})"
 
     @property
     def key(self) -> str:

@@ -11,13 +11,19 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
-from typing import Any
 
+from ._defaults import CLIENT, ClientTiming
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout, check_socket_path
 from ._version import PROTOCOL_VERSION
-from .timing import DEFAULT_TIMING, Timing
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from .timing import Timing
+
 
 MAX_FRAME = 1 << 20
 RETRY_FOR = 60.0  # seconds a command keeps being resent across lost connections
@@ -57,7 +63,9 @@ class _Conn:
         self.sock.close()
 
 
-def probe(layout: Layout, timing: Timing = DEFAULT_TIMING) -> tuple[_Conn, dict[str, Any]] | None:
+def probe(
+    layout: Layout, timing: Timing | ClientTiming = CLIENT
+) -> tuple[_Conn, dict[str, Any]] | None:
     """Connect and read the hello; ``None`` if nobody listens (no socket, or refused).
 
     Raises:
@@ -111,7 +119,7 @@ class SyncClient:
     """One connection to the supervisor, autostarting it if needed."""
 
     def __init__(
-        self, layout: Layout, *, timing: Timing = DEFAULT_TIMING, autostart: bool = True
+        self, layout: Layout, *, timing: Timing | ClientTiming = CLIENT, autostart: bool = True
     ) -> None:
         self.layout = layout
         self.timing = timing

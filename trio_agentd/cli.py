@@ -11,11 +11,15 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
 
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DOCTOR = 0, 1, 2, 3
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import _defaults
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Timing:
@@ -26,11 +28,11 @@ class Timing:
     restart_window: float = 60.0
     idle_eviction: float = 90 * 60.0
     idle_sweep_period: float = 60.0
-    # client side
-    startup_timeout: float = 30.0
-    probe_interval: float = 0.025
-    hello_timeout: float = 1.5
-    connect_timeout: float = 0.3
+    # client side (defaults live in _defaults so the CLI's warm path need not import this)
+    startup_timeout: float = _defaults.STARTUP_TIMEOUT
+    probe_interval: float = _defaults.PROBE_INTERVAL
+    hello_timeout: float = _defaults.HELLO_TIMEOUT
+    connect_timeout: float = _defaults.CONNECT_TIMEOUT
     # worker auth: how long a freshly accepted worker connection may take to authenticate
     auth_timeout: float = 2.0
     # how long a supervisor waits for a held shutdown admission before giving up on startup
