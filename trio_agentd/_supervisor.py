@@ -405,6 +405,9 @@ class Supervisor:
         self, session_id: str, agent: str | None, cwd: str | None, *, create: bool
     ) -> WorkerHandle:
         check_session_id(session_id)
+        known = self.sessions.get(session_id)
+        if known is not None and (agent is None or agent == known.agent):
+            return known  # the per-command fast path: no lock, no checkpoint
         async with self._create_lock:
             h = self.sessions.get(session_id)
             if h is None:

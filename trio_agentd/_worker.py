@@ -482,10 +482,15 @@ class WorkerCore:
                     conn, fail(req.id, AgentdError(ErrorCode.BAD_REQUEST, "prompt needs text"))
                 )
                 return
-            await self._turn.acquire()
+            try:
+                self._turn.acquire_nowait()
+                waited = False
+            except trio.WouldBlock:
+                await self._turn.acquire()
+                waited = True
             # a pending command of a connection that lost its claim (or was superseded by a
-            # newer supervisor) while it waited must not run
-            if not self._valid(conn):
+            # newer supervisor) while it waited must not run (no wait: _handle just checked)
+            if waited and not self._valid(conn):
                 self._turn.release()
                 await self._drop(conn, "supervisor claim no longer valid")
                 return
