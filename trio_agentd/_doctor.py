@@ -7,19 +7,17 @@ cheap. Decisions are :mod:`._doctor_plan`'s; this module observes and executes.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import os
-import secrets
 import signal
 import socket as _socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import _fs
+from ._defaults import CLIENT, ClientTiming
 from ._doctor_plan import (
     Hello,
     Observation,
@@ -35,7 +33,12 @@ from ._identity import Liveness, liveness, read_start_id, signal_identity_checke
 from ._ownership import CorruptRecord, OwnerRecord, Scope
 from ._paths import Layout, default_socket_dir, normalize_socket_path
 from ._version import APP_VERSION, PROTOCOL_VERSION
-from .timing import DEFAULT_TIMING, Timing
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .timing import Timing
 
 # --- observing -----------------------------------------------------------------------------------
 
@@ -69,6 +72,8 @@ class Found:
 
 def _uptime(created_at: str) -> float | None:
     try:
+        import datetime as _dt
+
         created = _dt.datetime.fromisoformat(created_at.replace("Z", "+00:00"))
     except ValueError:
         return None
@@ -136,7 +141,7 @@ def discover(layout: Layout) -> list[str]:
 
 
 def probe_hello(
-    path: str, timing: Timing = DEFAULT_TIMING
+    path: str, timing: Timing | ClientTiming = CLIENT
 ) -> tuple[bool, bool, dict[str, Any] | None]:
     """``(socket file exists, accepts connections, hello or None)`` — no commands sent."""
     exists = os.path.lexists(path)
@@ -169,8 +174,8 @@ def probe_hello(
 
 
 def observe(
-    socket: str, layout: Layout, *, timing: Timing = DEFAULT_TIMING,
-    records: list[Record] | None = None,
+    socket: str, layout: Layout, *, timing: Timing | ClientTiming = CLIENT,
+    records: list[Record] | None = None, descriptors: list[dict[str, Any]] | None = None,
 ) -> tuple[Observation, Record | None]:
     exists, accepts, raw = probe_hello(socket, timing)
     records = _records(layout.registry) if records is None else records
@@ -193,7 +198,9 @@ def observe(
             revoked = (layout.registry / f"{hello.generation}.revoked").exists()
         # final liveness re-check: a supervisor that is stopping is not wedged
         hello_alive = liveness(hello.pid, hello.start_id) is not Liveness.DEAD
-    descs = [d for d in _descriptors(layout.home) if d.get("socket") == socket]
+    if descriptors is None:
+        descriptors = _descriptors(layout.home)
+    descs = [d for d in descriptors if d.get("socket") == socket]
     tracked = sum(
         1 for d in descs
         if isinstance(d.get("pid"), int) and liveness(int(d["pid"]), d.get("start_id"))
@@ -209,12 +216,13 @@ def observe(
     return obs, hello_record
 
 
-def survey(layout: Layout, timing: Timing = DEFAULT_TIMING) -> list[Found]:
+def survey(layout: Layout, timing: Timing | ClientTiming = CLIENT) -> list[Found]:
     """ps: every supervisor found, classified."""
     records = _records(layout.registry)
+    descs = _descriptors(layout.home)  # read once, not once per socket
     found = []
     for sock in discover(layout):
-        obs, rec = observe(sock, layout, timing=timing, records=records)
+        obs, rec = observe(sock, layout, timing=timing, records=records, descriptors=descs)
         verdict = classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
         if verdict is None:
             continue
@@ -352,9 +360,11 @@ def _run_step(
 class RealHooks:
     """Hooks that act on this machine."""
 
-    def __init__(self, layout: Layout, timing: Timing = DEFAULT_TIMING) -> None:
+    def __init__(self, layout: Layout, timing: Timing | None = None) -> None:
+        from .timing import DEFAULT_TIMING
+
         self.layout = layout
-        self.timing = timing
+        self.timing = timing or DEFAULT_TIMING
         self._admission_fd: int | None = None
 
     def hooks(self) -> Hooks:
@@ -402,7 +412,7 @@ class RealHooks:
                                   {"generation": generation, "by": "doctor", "pid": os.getpid()})
             src = registry / f"{generation}.owner"
             with contextlib.suppress(FileNotFoundError):
-                dst = registry / f".revoked-{generation}-{secrets.token_hex(4)}"
+                dst = registry / f".revoked-{generation}-{os.urandom(4).hex()}"
                 os.rename(src, dst)
                 import shutil
 
@@ -423,7 +433,7 @@ class RealHooks:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.02)
-        ticket = secrets.token_hex(8)
+        ticket = os.urandom(8).hex()
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "ticket": ticket}).encode(), 0)
         self._admission_fd = fd
@@ -447,8 +457,11 @@ def admission(hooks: RealHooks) -> Iterator[str | None]:
             hooks.release_admission()
 
 
-def stop_orphan_workers(layout: Layout, sock: str, timing: Timing = DEFAULT_TIMING) -> list[int]:
+def stop_orphan_workers(layout: Layout, sock: str, timing: Timing | None = None) -> list[int]:
     """TERM (then KILL) the live workers of a socket whose supervisor is gone; identity-checked."""
+    from .timing import DEFAULT_TIMING
+
+    timing = timing or DEFAULT_TIMING
     stopped = []
     for d in _descriptors(layout.home):
         pid, sid = d.get("pid"), d.get("start_id")

@@ -11,10 +11,12 @@ import contextlib
 import fcntl
 import json
 import os
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -29,7 +31,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600
     """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:

@@ -20,9 +20,12 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 from ._identity import Liveness
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
+if TYPE_CHECKING:
+    from typing import Any
 
 RECORD_VERSION = 1
 

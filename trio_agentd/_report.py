@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
 
 from ._doctor import Found, Outcome, RealHooks, execute, survey
 from ._doctor_plan import PROBLEMS, Repair, Status, Step, plan_repair, remedy
 from ._paths import Layout
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
+if TYPE_CHECKING:
+    from typing import Any
 
 _COLOURS = {
     Status.CURRENT: "32",
