@@ -24,13 +24,19 @@ Figures, per peer (``run()`` returns them as data, ``main()`` prints a table):
   the daemon plus all its descendants as % of one core (utime+stime deltas).
 - ``memory_mb``: daemon RSS and PSS with 100 programs; per-program RSS and PSS.
 
-Usage: ``python -m benchmarks.peers [--quick]``.
+Restart settings are each peer's minimum (named in the results). circus has no SIGCHLD handler:
+it finds dead processes by polling every ``check_delay`` (default 5 s), so it runs with
+``check_delay=0.1`` and, for honesty about that trade, a second circus at its default is measured
+too (``child_restart_ms_default_check_delay``, ``idle_cpu_pct_default_check_delay``).
+
+Usage: ``python -m benchmarks.peers [--quick] [--json]``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import json
 import os
@@ -40,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,6 +134,12 @@ def _site_packages() -> Path:
 def install() -> dict[str, Result]:
     """Install the peers under ``.bench/`` (idempotent, cached); per peer its version or error."""
     BENCH.mkdir(exist_ok=True)
+    with open(BENCH / "install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once must not pip into one venv
+        return _install()
+
+
+def _install() -> dict[str, Result]:
     out: dict[str, Result] = {}
     t0 = time.perf_counter()
     venv_error = None
@@ -192,6 +205,22 @@ def _alive(pid: int, ctime: float | None) -> bool:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def _wait_gone(pid: int, ctime: float | None, timeout: float) -> bool:
+    """Reap ``pid`` (if it is our child) until it is gone; a multi-threaded process killed with
+    SIGKILL stays a zombie until its last thread exits, and its pid is not free before then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _reap(pid)
+        try:
+            if ctime is not None and psutil.Process(pid).create_time() != ctime:
+                return True
+        except psutil.Error:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
 
 
 def _children(pid: int) -> list[int]:
@@ -266,16 +295,8 @@ class Tracker:
                         hit += 1
             self.scan()
         deadline = time.monotonic() + 5
-        pending = set(self.procs)
-        while pending and time.monotonic() < deadline:
-            for pid in list(pending):
-                _reap(pid)
-                if not psutil.pid_exists(pid) or not _alive(pid, self.procs[pid]):
-                    pending.discard(pid)
-            if pending:
-                time.sleep(0.02)
-        for pid in self.procs:
-            _reap(pid)
+        for pid, ctime in self.procs.items():
+            _wait_gone(pid, ctime, max(0.0, deadline - time.monotonic()))
         self.reap_strays()
         return hit
 
@@ -627,10 +648,22 @@ def _err(exc: BaseException) -> dict[str, Any]:
     return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+def _timed(argv: list[str], env: dict[str, str], limit: float = 120) -> tuple[float, int]:
+    """Whole-process wall time. A blocking wait: ``wait(timeout=…)`` polls with sleeps of up
+    to 50 ms and would round every sample up; a timer kills a process that hangs instead."""
     t0 = time.perf_counter()
-    rc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, timeout=120).returncode
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    timer = threading.Timer(limit, proc.kill)
+    timer.start()
+    try:
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        timer.cancel()
     return time.perf_counter() - t0, rc
 
 
@@ -735,10 +768,8 @@ def daemon_kill9_survival(peer: Peer) -> Result:
     peer.before_kill9()
     daemon = peer.daemon_pid()
     os.kill(daemon, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while _alive(daemon, None) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    _reap(daemon)
+    if not _wait_gone(daemon, peer.tracker.procs.get(daemon), 10):
+        raise RuntimeError(f"{peer.name}: daemon {daemon} still there 10 s after SIGKILL")
     time.sleep(0.5)
     alive_after = sum(_alive(pid, ct) for pid, ct in old.values())
     extra = peer.restart_after_kill9()
@@ -800,7 +831,7 @@ def idle_cpu_pct(peers: list[Peer], window: float) -> dict[str, Result]:
         used = sum(v - start[p.name].get(k, 0.0) for k, v in end.items())
         daemon_used = (end[daemon_key] - start[p.name].get(daemon_key, 0.0)
                        if daemon_key else 0.0)
-        out[p.name] = {"total_pct": round(100 * used / wall, 3),
+        out[p.name] = {"total_pct": round(100 * used / wall, 3), "cpu_s": round(used, 3),
                        "daemon_pct": round(100 * daemon_used / wall, 3),
                        "programs": p.n, "processes": len(end), "window_s": round(wall, 1)}
         if isinstance(p, Circus):
@@ -860,15 +891,15 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     root = Path(tempfile.mkdtemp(prefix="peers-", dir="/tmp"))
     tracker = Tracker(root)
-    try:
-        with _subreaper():
+    with _subreaper():
+        try:
             _phase_small(root / "a", small, rounds, reps, default_reps, usable, tracker,
                          results)
             tracker.kill_all()
             _phase_big(root / "b", big, window, usable, tracker, results)
-    finally:
-        tracker.kill_all()
-        shutil.rmtree(root, ignore_errors=True)
+        finally:
+            tracker.kill_all()
+            shutil.rmtree(root, ignore_errors=True)
     return results
 
 
