@@ -28,7 +28,7 @@ import signal
 import socket as _socket
 import struct
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,6 +229,8 @@ class WorkerCore:
         cwd: Path,
         timing: Timing = DEFAULT_TIMING,
         peer_pid: Callable[[trio.abc.Stream], int | None] = lambda _s: None,
+        watch_claims: Callable[[str], None] | None = None,
+        wait_change: Callable[[], Awaitable[None]] | None = None,
         pid: int | None = None,
         start_id: str | None = None,
     ) -> None:
@@ -243,6 +245,10 @@ class WorkerCore:
         self.cwd = cwd
         self.timing = timing
         self._peer_pid = peer_pid
+        # how the re-fence loop waits: every refence_interval (default), or until the
+        # registry changes (a real worker: inotify, with a slow fallback poll)
+        self._watch_claims = watch_claims
+        self._wait_change = wait_change
         self.pid = os.getpid() if pid is None else pid
         self.start_id = own_start_id() if start_id is None else start_id
         self.conns: list[_Conn] = []
@@ -354,6 +360,8 @@ class WorkerCore:
                 )
                 return
             conn = _Conn(ms, fence)
+            if self._watch_claims is not None:
+                self._watch_claims(msg.generation)
             # the newest authenticated supervisor wins: revoke every older connection
             for old in list(self.conns):
                 await self._drop(old, "superseded by a newer supervisor")
@@ -376,6 +384,12 @@ class WorkerCore:
                     if self.current is c:
                         self.current = None
             await ms.aclose()
+
+    async def _wait_refence(self) -> None:
+        if self._wait_change is None:
+            await trio.sleep(self.timing.refence_interval)
+        else:
+            await self._wait_change()
 
     async def _read_commands(self, conn: _Conn, handlers: trio.Nursery) -> None:
         while True:
@@ -425,7 +439,7 @@ class WorkerCore:
 
     async def _refence_loop(self) -> None:
         while True:
-            await trio.sleep(self.timing.refence_interval)
+            await self._wait_refence()
             for conn in list(self.conns):
                 reason = conn.fence.check()
                 if reason is not None and self._nursery is not None:
@@ -650,6 +664,21 @@ async def _closing(chunks: AsyncIterator[str]) -> AsyncIterator[None]:
                 await aclose()
 
 
+def _registry_watcher(registry: Path) -> Any:
+    """An inotify watcher on the registry, or None where there is none (then: polling)."""
+    if os.environ.get("TRIO_AGENTD_REFENCE_POLL") == "1":
+        return None
+    try:
+        from ._inotify import Watcher
+
+        watcher = Watcher()
+    except OSError as exc:
+        log.info("no inotify (%s): re-fencing by polling every 250 ms", exc)
+        return None
+    watcher.watch(registry)
+    return watcher
+
+
 def interrupted_error(k: _journal.Key) -> AgentdError:
     return AgentdError(
         ErrorCode.COMMAND_INTERRUPTED,
@@ -686,6 +715,20 @@ async def run_worker(
 
     registry = Path(config.registry)
     agent = load_agent(config.agent)
+    watcher = _registry_watcher(registry)
+
+    def watch_claims(generation: str) -> None:
+        if watcher is not None:
+            watcher.watch(registry)
+            watcher.watch(registry / f"{generation}.owner")
+
+    async def wait_change() -> None:
+        assert watcher is not None
+        with trio.move_on_after(timing.refence_fallback):
+            await watcher.wait()
+        # a record dir that was removed and made again needs its watch again
+        for conn in core.conns:
+            watcher.watch(registry / f"{conn.fence.claim.generation}.owner")
     journal = Journal(Path(config.journal))
     transcript = Transcript(Path(config.session_dir))
     core = WorkerCore(
@@ -699,6 +742,8 @@ async def run_worker(
         cwd=Path(config.cwd),
         timing=timing,
         peer_pid=_so_peercred_pid,
+        watch_claims=watch_claims if watcher is not None else None,
+        wait_change=wait_change if watcher is not None else None,
     )
     path = config.worker_socket
     sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
