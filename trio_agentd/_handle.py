@@ -287,6 +287,8 @@ class WorkerHandle:
             self._stop_done = None
         if state.mode is not Mode.FAILED:
             self._retry_pending = False
+        if state.mode is Mode.READY and self._demand.is_set():
+            self._demand = trio.Event()  # a demand is satisfied by readiness: never stale
         if self.mode.value is not state.mode:
             self._note(f"mode {state.mode}")
             self.mode.value = state.mode

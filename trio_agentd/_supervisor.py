@@ -143,22 +143,26 @@ class Supervisor:
             self._take_lease()
             try:
                 (L.generations_dir / self.generation).mkdir(mode=0o700, exist_ok=True)
-                self._bind()
+                # read every descriptor before listening, and serve hellos as soon as we
+                # listen: a client never meets a listener that sends no hello (it would
+                # take a starting supervisor for a wedged one)
                 self._load_descriptors()
+                self._bind()
                 async with trio.open_nursery() as service:
                     self._service = service
                     self.ops.nursery = service
                     self.ownership.bind_nursery(service)
-                    # adoption: every descriptor's session at once, in this one nursery
-                    for h, alive, lifecycle in self._loaded:
-                        await self._supervise(h, alive=alive, lifecycle=lifecycle)
-                    self._loaded.clear()
                     async with trio.open_nursery() as clients:
                         self._clients = clients
+                        service.start_soon(self._accept_loop, self._listen_sock)
                         service.start_soon(self._signals)
                         service.start_soon(self._self_check_loop)
                         service.start_soon(self._idle_sweep_loop)
-                        service.start_soon(self._accept_loop, self._listen_sock)
+                        # adoption: every descriptor's session at once, in this one nursery
+                        # (commands for a session wait until it is ready)
+                        for h, alive, lifecycle in self._loaded:
+                            await self._supervise(h, alive=alive, lifecycle=lifecycle)
+                        self._loaded.clear()
                         # "owner" once hellos are served: ps never mistakes a starting
                         # supervisor (listening, no accept loop yet) for a wedged one
                         await self.ownership.set_phase(Phase.OWNER)
