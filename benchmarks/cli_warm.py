@@ -7,11 +7,16 @@ figure. Usage: ``python -m benchmarks.cli_warm [N]``.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from ._common import machine, private_env, summary, timed
 
+BASE = "python -c pass"
+CLI = "trio-agentd -p hi (warm)"
 
-def main(n: int = 40) -> dict[str, dict[str, float]]:
+
+def run(n: int = 40) -> dict[str, Any]:
+    """Both commands ``n`` times, interleaved; their summaries and the ratio of medians."""
     with private_env() as env:
         env.run("-p", "warm up")
         base, cli = [], []
@@ -19,13 +24,19 @@ def main(n: int = 40) -> dict[str, dict[str, float]]:
             base.append(timed([sys.executable, "-c", "pass"]))
             cli.append(timed(env.cli("-p", "hi"), env.env))
         env.run("shutdown")
-    result = {"python -c pass": summary(base), "trio-agentd -p hi (warm)": summary(cli)}
-    ratio = result["trio-agentd -p hi (warm)"]["median"] / result["python -c pass"]["median"]
+    result: dict[str, Any] = {BASE: summary(base), CLI: summary(cli)}
+    result["ratio"] = result[CLI]["median"] / result[BASE]["median"]
+    return result
+
+
+def main(n: int = 40) -> dict[str, Any]:
+    result = run(n)
     print(f"machine: {machine()}")
-    for name, s in result.items():
+    for name in (BASE, CLI):
+        s = result[name]
         print(f"{name:28s} median {s['median']:7.1f} ms  min {s['min']:7.1f}  max {s['max']:7.1f}"
               f"  (n={s['n']:.0f})")
-    print(f"ratio of medians: {ratio:.2f}x")
+    print(f"ratio of medians: {result['ratio']:.2f}x")
     return result
 
 

@@ -1,7 +1,8 @@
-"""``ps --json`` with 1 and 20 daemons, and ``doctor --fix`` to a relaunched daemon answering.
+"""``ps --json`` and ``doctor`` with 1 and 20 daemons, and ``doctor --fix`` to a relaunched
+daemon answering.
 
 Usage: ``python -m benchmarks.doctor [N]``. Whole-process timings, interleaved with
-``python -c pass`` (A B A B …) so the ratio survives machine noise.
+``python -c pass`` (A B C A B C …) so the ratio survives machine noise.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 from ._common import Env, machine, private_env, summary, timed
 
@@ -35,13 +37,15 @@ def ps_figure(n_runs: int) -> dict[str, dict[str, float]]:
             rows = json.loads(env.run("ps", "--json").stdout)
             assert len(rows) == count, rows
             assert all(r["status"] == "current" for r in rows), rows
-            base, ps = [], []
+            base, ps, doc = [], [], []
             for _ in range(n_runs):
                 base.append(timed([sys.executable, "-c", "pass"]))
                 ps.append(timed(env.cli("ps", "--json"), env.env))
+                doc.append(timed(env.cli("doctor"), env.env))  # exit 0: nothing wedged
             env.run("shutdown", "--all")
         out[f"python -c pass ({count})"] = summary(base)
         out[f"ps --json, {count} daemon(s)"] = summary(ps)
+        out[f"doctor, {count} daemon(s)"] = summary(doc)
     return out
 
 
@@ -65,17 +69,25 @@ def doctor_fix_figure(n_runs: int) -> dict[str, float]:
     return summary(samples)
 
 
+def run(n: int = 15, fix_runs: int | None = None) -> dict[str, Any]:
+    """``ps --json`` and ``doctor`` (``n`` interleaved runs each), ``doctor --fix``; as data."""
+    ps = ps_figure(n)
+    ratios = {f"{cmd}, {count} daemon(s)":
+              ps[f"{cmd}, {count} daemon(s)"]["median"] / ps[f"python -c pass ({count})"]["median"]
+              for count in (1, 20) for cmd in ("ps --json", "doctor")}
+    fix = doctor_fix_figure(fix_runs if fix_runs is not None else max(3, n // 3))
+    return {"ps": ps, "ratios": ratios, "doctor_fix": fix}
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 15
     print(f"machine: {machine()}")
-    ps = ps_figure(n)
+    res = run(n)
+    ps, fix = res["ps"], res["doctor_fix"]
     for name, s in ps.items():
         print(f"{name:32s} median {s['median']:7.1f} ms  min {s['min']:7.1f}  max {s['max']:7.1f}")
-    for count in (1, 20):
-        ratio = ps[f"ps --json, {count} daemon(s)"]["median"] / ps[f"python -c pass ({count})"][
-            "median"]
-        print(f"ps --json with {count}: {ratio:.2f}x python -c pass")
-    fix = doctor_fix_figure(max(3, n // 3))
+    for name, ratio in res["ratios"].items():
+        print(f"{name}: {ratio:.2f}x python -c pass")
     print(f"{'doctor --fix → prompt answered':32s} median {fix['median']:7.1f} ms  min"
           f" {fix['min']:7.1f}  max {fix['max']:7.1f}  (n={fix['n']:.0f})")
     if os.environ.get("BENCH_JSON"):

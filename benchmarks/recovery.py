@@ -322,12 +322,21 @@ def worker_kill(reps: int) -> dict[str, Any]:
 # --- main -----------------------------------------------------------------------------------------
 
 
-def main(sizes: list[int], worker_reps: int, modes: tuple[int, ...]) -> dict[str, Any]:
+def run(sizes: list[int], worker_reps: int, modes: tuple[int, ...],
+        reps: Callable[[int], int] | None = None) -> dict[str, Any]:
+    """Both figures as data; ``reps(n)`` kills per client mode at ``n`` sessions (default 5 at
+    10 sessions or fewer, else 3)."""
     t0 = time.monotonic()
-    sup = [r for n in sizes for r in supervisor_kill(n, 5 if n <= 10 else 3, modes)]
+    per = reps or (lambda n: 5 if n <= 10 else 3)
+    sup = [r for n in sizes for r in supervisor_kill(n, per(n), modes)]
     wrk = worker_kill(worker_reps) if worker_reps else None
-    result: dict[str, Any] = {"machine": machine(), "supervisor_kill": sup, "worker_kill": wrk,
-                              "total_s": round(time.monotonic() - t0, 1)}
+    return {"machine": machine(), "supervisor_kill": sup, "worker_kill": wrk,
+            "total_s": round(time.monotonic() - t0, 1)}
+
+
+def main(sizes: list[int], worker_reps: int, modes: tuple[int, ...]) -> dict[str, Any]:
+    result = run(sizes, worker_reps, modes)
+    sup, wrk = result["supervisor_kill"], result["worker_kill"]
     print(f"machine: {machine()}")
     print("supervisor kill -9 → sessions answering again, ms from the kill (the prompts"
           " autostart the next supervisor; it adopts every worker)")

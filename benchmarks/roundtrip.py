@@ -38,7 +38,7 @@ async def _sequential(env: Env, n: int) -> dict[str, float]:
             "mean": statistics.fmean(samples) * 1000, "n": float(n)}
 
 
-async def _throughput(env: Env, clients: int, sessions: int, seconds: float) -> dict[str, float]:
+async def _throughput(env: Env, clients: int, sessions: int, seconds: float) -> dict[str, Any]:
     done = 0
     errors = 0
     kw: dict[str, Any] = {"home": env.env["TRIO_AGENTD_HOME"],
@@ -46,6 +46,9 @@ async def _throughput(env: Env, clients: int, sessions: int, seconds: float) -> 
     async with trio_agentd.open_client(env.socket, **kw) as warm:
         for s in range(sessions):
             await warm.request("prompt", {"session": f"t{s}", "text": "warm", "stream": False})
+
+    per_second = [0] * (int(seconds) + 1)  # prompts completed in each whole second
+    t0 = 0.0
 
     async def one(i: int) -> None:
         nonlocal done, errors
@@ -56,6 +59,7 @@ async def _throughput(env: Env, clients: int, sessions: int, seconds: float) -> 
                         "prompt", {"session": f"t{i % sessions}", "text": "x", "stream": False}
                     )
                     done += 1
+                    per_second[min(int(time.perf_counter() - t0), len(per_second) - 1)] += 1
                 except trio_agentd.AgentdError:
                     errors += 1
 
@@ -66,16 +70,18 @@ async def _throughput(env: Env, clients: int, sessions: int, seconds: float) -> 
                 n.start_soon(one, i)
     elapsed = time.perf_counter() - t0
     return {"prompts_per_s": done / elapsed, "prompts": float(done), "errors": float(errors),
-            "seconds": elapsed}
+            "seconds": elapsed, "per_second": [float(x) for x in per_second[:int(seconds)]]}
 
 
-def run(n: int = 10_000, seconds: float = 20.0) -> dict[str, dict[str, float]]:
+def run(n: int = 10_000, seconds: float = 20.0, reps: int = 1) -> dict[str, Any]:
+    """``reps`` runs of ``n`` sequential prompts (``roundtrip`` is the first, ``roundtrip_runs``
+    all of them), then one throughput window of ``seconds`` (with its per-second counts)."""
     with private_env() as env:
         env.run("-p", "-s", "rt", "warm")
-        seq = trio.run(_sequential, env, n)
+        runs = [trio.run(_sequential, env, n) for _ in range(reps)]
         thr = trio.run(_throughput, env, 64, 8, seconds)
         env.run("shutdown")
-    return {"roundtrip": seq, "throughput": thr}
+    return {"roundtrip": runs[0], "roundtrip_runs": runs, "throughput": thr}
 
 
 def main() -> None:

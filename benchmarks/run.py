@@ -1,0 +1,980 @@
+"""Run every benchmark figure and write ``docs/benchmarks.md``, ``docs/benchmarks.json`` and the
+recovery plot ``docs/benchmarks-recovery.png``.
+
+Usage: ``python -m benchmarks [--quick] [--only NAME,NAME] [--out DIR]``.
+
+Each figure runs in its own child process (``python -m benchmarks.run --child NAME``), with a
+deadline: a figure that fails or hangs records its error and the run goes on. Everything a child
+starts inherits a marker in its environment (``TA_BENCH_RUNNER=<id>``); after each figure the
+runner kills whatever still carries it (the figures kill what they start themselves; a leftover
+is reported as a leak). Verdicts against the goals of issue 5 are computed from the numbers of
+this run, never written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RUNNER_MARKER = "TA_BENCH_RUNNER"
+PLOT_NAME = "benchmarks-recovery.png"
+
+Data = dict[str, Any]
+
+
+# --- the figures ---------------------------------------------------------------------------------
+
+
+def _cli_warm(quick: bool) -> Data:
+    from . import cli_warm
+
+    return cli_warm.run(20 if quick else 40)
+
+
+def _roundtrip(quick: bool) -> Data:
+    from . import roundtrip
+
+    return roundtrip.run(2_000 if quick else 10_000, 5.0 if quick else 20.0, reps=3)
+
+
+def _startup(quick: bool) -> Data:
+    from . import startup
+
+    return startup.run(quick)
+
+
+def _recovery(quick: bool) -> Data:
+    from . import recovery
+
+    # each size on its own: a failed repetition (recorded, never retried) loses that size only
+    sizes = [10, 50, 100] if quick else [10, 25, 50, 100, 200]
+    t0 = time.monotonic()
+    rows: list[Data] = []
+    errors: list[Data] = []
+    for n in sizes:
+        try:
+            rows += recovery.supervisor_kill(n, 2 if quick else (5 if n <= 100 else 3),
+                                             (1, recovery.POOL))
+        except Exception as exc:
+            errors.append({"sessions": n, "error": f"{type(exc).__name__}: {exc}"})
+    worker: Data | None = None
+    try:
+        worker = recovery.worker_kill(10 if quick else 20)
+    except Exception as exc:
+        errors.append({"worker_kill": True, "error": f"{type(exc).__name__}: {exc}"})
+    if not rows and worker is None:
+        raise RuntimeError("; ".join(e["error"] for e in errors))
+    return {"supervisor_kill": rows, "worker_kill": worker, "errors": errors,
+            "total_s": round(time.monotonic() - t0, 1)}
+
+
+def _footprint(quick: bool) -> Data:
+    from . import footprint
+
+    return footprint.run(quick)
+
+
+def _doctor(quick: bool) -> Data:
+    from . import doctor
+
+    return doctor.run(7 if quick else 15, 3 if quick else 5)
+
+
+def _peers(quick: bool) -> Data:
+    try:
+        peers: Any = importlib.import_module("benchmarks.peers")
+    except Exception as exc:
+        raise RuntimeError(f"benchmarks/peers.py does not import: {exc!r}") from exc
+    fn = getattr(peers, "run", None)
+    if not callable(fn):
+        raise RuntimeError("benchmarks/peers.py has no run(quick) function")
+    out = fn(quick=quick)
+    if not isinstance(out, dict):
+        raise RuntimeError(f"peers.run returned {type(out).__name__}, not a dict")
+    return out
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    title: str
+    fn: Callable[[bool], Data]
+    timeout: float  # seconds, full run; quick runs get half
+
+
+FIGURES = [
+    Figure("cli_warm", "CLI warm prompt", _cli_warm, 180),
+    Figure("roundtrip", "Prompt round trip and throughput", _roundtrip, 300),
+    Figure("startup", "Cold start and concurrent launches", _startup, 300),
+    Figure("recovery", "Recovery after kill -9", _recovery, 600),
+    Figure("footprint", "Idle cost, memory and scale", _footprint, 600),
+    Figure("doctor", "ps --json, doctor, doctor --fix", _doctor, 300),
+    Figure("peers", "Peers: supervisord, circus, pm2", _peers, 900),
+]
+BY_NAME = {f.name: f for f in FIGURES}
+
+
+# --- child side ----------------------------------------------------------------------------------
+
+
+def _child(name: str, quick: bool, out: Path) -> int:
+    def term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds the figure's context managers: they kill what they ran
+
+    signal.signal(signal.SIGTERM, term)
+    t0 = time.perf_counter()
+    result: Data
+    try:
+        result = {"data": BY_NAME[name].fn(quick)}
+    except KeyboardInterrupt:
+        result = {"error": "interrupted (SIGTERM or Ctrl-C); what it started was killed"}
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc()[-4000:]}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    out.write_text(json.dumps(result, default=str))
+    return 0 if "data" in result else 1
+
+
+# --- parent side: processes ----------------------------------------------------------------------
+
+
+def _marked(marker: bytes) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            with contextlib.suppress(OSError), open(f"/proc/{name}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    out.append(int(name))
+    return out
+
+
+def _sweep(marker: bytes) -> list[str]:
+    """SIGKILL every live process carrying ``marker``; their command lines (zombies skipped)."""
+    hit = []
+    for pid in _marked(marker):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError):
+            continue
+        hit.append(f"{pid}: {cmd[:160]}")
+    return hit
+
+
+def _run_child(fig: Figure, quick: bool, tmp: Path, runner_id: str) -> Data:
+    out = tmp / f"{fig.name}.json"
+    env = dict(os.environ, **{RUNNER_MARKER: runner_id})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    argv = [sys.executable, "-m", "benchmarks.run", "--child", fig.name, "--out", str(out)]
+    if quick:
+        argv.append("--quick")
+    timeout = fig.timeout / 2 if quick else fig.timeout
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL)
+    timed_out = False
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        raise
+    result: Data
+    try:
+        result = json.loads(out.read_text())
+    except (OSError, ValueError):
+        result = {"error": f"the figure's process exited {proc.returncode} without a result"}
+    if timed_out:
+        result = {"error": f"did not finish within its deadline of {timeout:.0f} s",
+                  "partial": result}
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    leaked = _sweep(f"{RUNNER_MARKER}={runner_id}".encode())
+    if leaked:
+        result["leaked"] = leaked
+    return result
+
+
+# --- machine -------------------------------------------------------------------------------------
+
+
+def _meminfo_gib() -> float | None:
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / (1024 * 1024)
+    return None
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def code_info() -> Data:
+    """The commit measured, and whether the package had uncommitted changes."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                 timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    dirty = git("status", "--porcelain", "--", "trio_agentd", "pyproject.toml")
+    return {"commit": (git("rev-parse", "--short", "HEAD") or "").strip() or None,
+            "subject": (git("log", "-1", "--format=%s") or "").strip(),
+            "uncommitted": [line[3:] for line in (dirty or "").splitlines() if line.strip()]}
+
+
+def machine_info() -> Data:
+    import trio
+
+    try:
+        affinity: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {"cores": os.cpu_count(), "usable_cores": affinity, "cpu": _cpu_model(),
+            "memory_gib": _meminfo_gib(), "python": platform.python_version(),
+            "trio": trio.__version__, "kernel": f"{platform.system()} {platform.release()}",
+            "arch": platform.machine()}
+
+
+# --- numbers and verdicts ------------------------------------------------------------------------
+
+
+def num(x: Any, unit: str = "") -> str:
+    if not isinstance(x, int | float) or x != x:
+        return "—"
+    a = abs(float(x))
+    if float(x).is_integer():
+        s = f"{int(x):,}"
+    else:
+        s = (f"{x:,.0f}" if a >= 100 else f"{x:.1f}" if a >= 10 else f"{x:.2f}" if a >= 1
+             else f"{x:.3f}")
+    if unit == "x":
+        return f"{s}x"
+    return f"{s} {unit}".strip() if unit else s
+
+
+def verdict(value: Any, goal: float, *, at_most: bool = True, unit: str = "") -> str:
+    """``met`` / ``missed`` computed from ``value``, with how far off a miss is."""
+    if not isinstance(value, int | float) or value != value:
+        return "not measured"
+    ok = value <= goal if at_most else value >= goal
+    if ok:
+        return "met"
+    if at_most:
+        return f"missed: {num(value, unit)} is {value / goal:.2f}x the goal"
+    return f"missed: {num(value, unit)} is {100 * value / goal:.0f} % of the goal"
+
+
+def get(d: Any, *keys: Any) -> Any:
+    """``d[k1][k2]…`` or ``None`` if any step is missing or the wrong type."""
+    for k in keys:
+        found = ((isinstance(d, dict) and k in d)
+                 or (isinstance(d, list) and isinstance(k, int) and -len(d) <= k < len(d)))
+        if not found:
+            return None
+        d = d[k]
+    return d
+
+
+def _mmm(values: list[float]) -> dict[str, float]:
+    s = sorted(values)
+    mid = len(s) // 2
+    median = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+    return {"median": median, "min": s[0], "max": s[-1], "n": float(len(s))}
+
+
+class Doc:
+    """The markdown being written, plus the goals summary collected on the way."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.goals: list[tuple[str, str, str, str]] = []  # figure, measured, goal, verdict
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def table(self, header: list[str], rows: list[list[str]]) -> None:
+        self.add("| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|")
+        for r in rows:
+            self.add("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r)
+                     + " |")
+        self.add("")
+
+    def goal(self, figure: str, measured: str, goal: str, v: str) -> str:
+        self.goals.append((figure, measured, goal, v))
+        return v
+
+
+def _stat_row(label: str, s: Any, unit: str, goal: str = "", v: str = "") -> list[str]:
+    if not isinstance(s, dict):
+        return [label, "—", "—", "—", "—", goal, v or "not measured"]
+    return [label, num(s.get("median"), unit), num(s.get("min"), unit), num(s.get("max"), unit),
+            num(s.get("n")) if isinstance(s.get("n"), int | float) else "—", goal, v]
+
+
+HEAD = ["measure", "median", "min", "max", "n", "goal", "verdict"]
+
+
+def _failed(doc: Doc, res: Data) -> bool:
+    """Write the figure's error (if any) and whether it has data to render."""
+    if "error" in res:
+        doc.add(f"**This figure failed:** `{res['error']}`", "")
+        tb = res.get("traceback")
+        if tb:
+            doc.add("<details><summary>traceback</summary>", "", "```", str(tb).strip(), "```",
+                    "", "</details>", "")
+    if res.get("leaked"):
+        doc.add(f"**Leaked processes** (killed by the runner afterwards): "
+                f"{len(res['leaked'])}, e.g. `{res['leaked'][0]}`", "")
+    return isinstance(res.get("data"), dict)
+
+
+# --- sections ------------------------------------------------------------------------------------
+
+
+def sec_roundtrip(doc: Doc, res: Data) -> None:
+    doc.add("## Prompt round trip and throughput", "",
+            "In-process Trio client (`trio_agentd.open_client`), echo agent, durable journal. "
+            "Round trip: sequential prompts to one session, p50 and p99 per run, median/min/max "
+            "over the runs (same daemon). Throughput: 64 concurrent clients over 8 sessions for "
+            "one window; the spread is over its 1-second buckets.", "")
+    if not _failed(doc, res):
+        doc.goal("round trip p50", "—", "≤ 0.5 ms", "not measured")
+        doc.goal("throughput", "—", "≥ 5,000 prompts/s", "not measured")
+        return
+    d = res["data"]
+    runs = [r for r in d.get("roundtrip_runs") or [d.get("roundtrip")] if isinstance(r, dict)]
+    rows = []
+    n = get(runs, 0, "n")
+    if runs:
+        p50, p99 = _mmm([r["p50"] for r in runs]), _mmm([r["p99"] for r in runs])
+        mean = _mmm([r["mean"] for r in runs])
+        v50 = doc.goal("round trip p50", num(p50["median"], "ms"), "≤ 0.5 ms",
+                       verdict(p50["median"], 0.5, unit="ms"))
+        v99 = doc.goal("round trip p99", num(p99["median"], "ms"), "≤ 2 ms",
+                       verdict(p99["median"], 2.0, unit="ms"))
+        rows += [_stat_row(f"p50 per run of {num(n)} prompts (ms)", p50, "", "≤ 0.5 ms", v50),
+                 _stat_row(f"p99 per run of {num(n)} prompts (ms)", p99, "", "≤ 2 ms", v99),
+                 _stat_row("mean per run (ms)", mean, "")]
+    thr = d.get("throughput") or {}
+    rate = thr.get("prompts_per_s")
+    vt = doc.goal("throughput", num(rate, "prompts/s"), "≥ 5,000 prompts/s",
+                  verdict(rate, 5000, at_most=False, unit="prompts/s"))
+    buckets = [float(x) for x in thr.get("per_second") or []]
+    if buckets:
+        rows.append(_stat_row("throughput per 1 s bucket (prompts/s)", _mmm(buckets), ""))
+    rows.append([f"throughput over {num(thr.get('seconds'))} s (prompts/s)", num(rate), "—", "—",
+                 "1", "≥ 5,000", vt])
+    rows.append(["errors during the throughput window", num(thr.get("errors")), "—", "—", "—",
+                 "", ""])
+    doc.table(HEAD, rows)
+
+
+def sec_cli_warm(doc: Doc, res: Data, peers: Data | None) -> None:
+    doc.add("## CLI warm prompt", "",
+            "Whole process `trio-agentd -p hi` (blocking client, no event loop) against a running "
+            "daemon, interleaved with `python -c pass` (A B A B …); the figure is the ratio of "
+            "the medians.", "")
+    if not _failed(doc, res):
+        doc.goal("CLI warm prompt", "—", "≤ 2.5x python -c pass", "not measured")
+        return
+    d = res["data"]
+    base, cli, ratio = d.get("python -c pass"), d.get("trio-agentd -p hi (warm)"), d.get("ratio")
+    v = doc.goal("CLI warm prompt", f"{num(ratio)}x python -c pass", "≤ 2.5x python -c pass",
+                 verdict(ratio, 2.5, unit="x"))
+    faster = _faster_than_peers(ratio, peers)
+    doc.goal("CLI warm prompt vs peers' status commands", faster[0],
+             "faster than every peer's status command", faster[1])
+    doc.table(HEAD, [
+        _stat_row("`python -c pass` (ms)", base, ""),
+        _stat_row("`trio-agentd -p hi`, warm (ms)", cli, ""),
+        ["ratio of medians", f"{num(ratio)}x", "—", "—", "—", "≤ 2.5x", v],
+        ["vs peers' status commands", faster[0], "—", "—", "—", "faster than every peer",
+         faster[1]],
+    ])
+
+
+def _peer_names(peers: Data | None) -> list[str]:
+    return [k for k, v in (peers or {}).items() if isinstance(v, dict)]
+
+
+def _faster_than_peers(ratio: Any, peers: Data | None) -> tuple[str, str]:
+    names = _peer_names(peers)
+    if not names or not isinstance(ratio, int | float):
+        return "—", "not measured (no peer figures)"
+    parts, slower, missing = [], [], []
+    for p in names:
+        pr = get(peers, p, "status_cmd_ms", "ratio_to_python_c_pass")
+        if not isinstance(pr, int | float):
+            missing.append(p)
+            continue
+        parts.append(f"{p} {pr / ratio:.2f}x")
+        if pr <= ratio:
+            slower.append(p)
+    measured = ", ".join(parts) + " the time of `trio-agentd -p hi`" if parts else "—"
+    if slower:
+        return measured, f"missed: not faster than {', '.join(slower)}"
+    if missing:
+        return measured, f"met for the measured peers; not measured: {', '.join(missing)}"
+    return measured, "met"
+
+
+def sec_startup(doc: Doc, res: Data) -> None:
+    doc.add("## Cold start and concurrent launches", "",
+            "Cold start: a fresh private environment per repetition (no daemon, no state); whole "
+            "process `trio-agentd -p hi` from spawn to exit (it autostarts the supervisor, which "
+            "spawns the session's worker, and prints the reply). `python -c pass` is timed "
+            "interleaved as a gauge of machine noise. Concurrent launches: N `trio-agentd -p hi` "
+            "spawned back to back on a fresh socket, from the first spawn to the last exit; each "
+            "repetition checks every process exited 0 with its reply, the turns are exactly "
+            "1..N, there is one `*.owner` record and one live supervisor process.", "")
+    if not _failed(doc, res):
+        doc.goal("cold start", "—", "≤ 400 ms", "not measured")
+        doc.goal("concurrent launches", "—", "all succeed, one supervisor", "not measured")
+        return
+    d = res["data"]
+    cold = get(d, "cold", "cold_start_ms")
+    v = doc.goal("cold start", num(get(cold, "median"), "ms"), "≤ 400 ms",
+                 verdict(get(cold, "median"), 400, unit="ms"))
+    rows = [_stat_row("cold start, no daemon → reply printed (ms)", cold, "", "≤ 400 ms", v),
+            _stat_row("`python -c pass`, interleaved (ms)", get(d, "cold", "python_c_pass_ms"),
+                      "")]
+    for r in d.get("concurrent") or []:
+        ok = r.get("all_succeeded") and r.get("one_supervisor")
+        vc = doc.goal(f"{r['clients']} concurrent launches",
+                      f"{num(get(r, 'wall_ms', 'median'), 'ms')} wall, all succeeded, one "
+                      "supervisor" if ok else "failed", "all succeed, one supervisor",
+                      "met" if ok else "missed")
+        rows.append(_stat_row(f"{r['clients']} launches at once: wall time (ms)", r.get("wall_ms"),
+                              "", "all succeed, one supervisor", vc))
+        rows.append(_stat_row(f"{r['clients']} launches at once: median client exit, from the "
+                              "first spawn (ms)", r.get("median_exit_ms"), ""))
+    doc.table(HEAD, rows)
+
+
+def sec_recovery(doc: Doc, res: Data, plot: str) -> None:
+    doc.add("## Recovery after kill -9", "",
+            "Supervisor `kill -9` with N sessions: the clock starts at the kill; one prompt per "
+            "session, from 1 client thread or 8 at once (interleaved kill by kill), autostarts "
+            "the next supervisor, which adopts every worker. Each repetition checks every worker "
+            "was adopted (same pid and start id) and no session was lost. Worker `kill -9`: one "
+            "prompt to that session at once; the clock stops at its answer.", "")
+    if not _failed(doc, res):
+        doc.goal("supervisor kill -9 → all answering, 100 sessions", "—", "≤ 1 s, 0 lost",
+                 "not measured")
+        doc.goal("worker kill -9 → session answering", "—", "≤ 300 ms median",
+                 "not measured")
+        return
+    d = res["data"]
+    failed = {e.get("sessions"): str(e.get("error")) for e in d.get("errors") or []
+              if e.get("sessions") is not None}
+    for e in d.get("errors") or []:
+        what = (f"{e['sessions']} sessions" if e.get("sessions") is not None
+                else "worker kill -9")
+        doc.add(f"**A repetition failed** ({what}; the other sizes ran on): `{e.get('error')}`",
+                "")
+    rows = []
+    for n, err in failed.items():
+        rows.append([f"{n} sessions: every repetition", "—", "—", "—", "—",
+                     "≤ 1 s, 0 lost" if n == 100 else "", f"failed: {err[:200]}"])
+        if n == 100:
+            doc.goal("supervisor kill -9 → all 100 answering", "a repetition failed",
+                     "≤ 1 s, 0 lost", f"missed: {err[:200]}")
+    for r in d.get("supervisor_kill") or []:
+        n, c = r.get("sessions"), r.get("clients")
+        goal, v = "", ""
+        if n == 100:
+            med = get(r, "all_answered_ms", "median")
+            lost = r.get("sessions_lost")
+            v = verdict(med, 1000, unit="ms")
+            if v == "met" and lost != 0:
+                v = f"missed: {lost} sessions lost"
+            goal = "≤ 1 s, 0 lost"
+            doc.goal(f"supervisor kill -9 → all 100 answering ({c} client thread"
+                     f"{'s' if c != 1 else ''})", f"{num(med, 'ms')}, {lost} lost", goal, v)
+        rows.append(_stat_row(f"{n} sessions, {c} client(s): first answer (ms)",
+                              r.get("first_answer_ms"), ""))
+        rows.append(_stat_row(f"{n} sessions, {c} client(s): all answered (ms)",
+                              r.get("all_answered_ms"), "", goal, v))
+    if 100 not in failed and not any(r.get("sessions") == 100
+                                     for r in d.get("supervisor_kill") or []):
+        doc.goal("supervisor kill -9 → all answering, 100 sessions", "—", "≤ 1 s, 0 lost",
+                 "not measured (no 100-session run)")
+    w = d.get("worker_kill")
+    if not isinstance(w, dict):
+        werr = next((str(e.get("error")) for e in d.get("errors") or [] if e.get("worker_kill")),
+                    None)
+        doc.goal("worker kill -9 → session answering", "failed" if werr else "—",
+                 "≤ 300 ms median", f"missed: {werr[:200]}" if werr else "not measured")
+    else:
+        med = get(w, "answered_again_ms", "median")
+        v = doc.goal("worker kill -9 → session answering", num(med, "ms"), "≤ 300 ms median",
+                     verdict(med, 300, unit="ms"))
+        rows.append(_stat_row(f"worker kill -9 → answering ({w.get('kills')} kills over "
+                              f"{w.get('sessions')} sessions) (ms)", w.get("answered_again_ms"),
+                              "", "≤ 300 ms", v))
+    doc.table(HEAD, rows)
+    doc.add("Every repetition with numbers above adopted every worker (same pid and start id) "
+            "and lost no session; a repetition where that failed fails its size (reported "
+            "above, never retried).", "")
+    doc.add(plot, "")
+
+
+def sec_footprint(doc: Doc, res: Data) -> None:
+    doc.add("## Idle cost, memory and scale", "",
+            "One private daemon; sessions created by prompting new session ids (echo agent) from "
+            "8 blocking-client threads, in batches of 50. Idle: nobody sends a command during "
+            "the window; CPU is utime+stime from `/proc/<pid>/stat` of the supervisor (pid from "
+            "the owner record) and every worker (pids from the worker descriptors), "
+            "identity-checked, as % of one core; 5 s slices measured on each process's CPU-time "
+            "clock (ns, `clock_gettime`) give the spread. Memory: `psutil` "
+            "`memory_full_info()`. Scale: keep creating sessions until the first failure or "
+            "500, then every session must answer one more prompt.",
+            "")
+    if not _failed(doc, res):
+        for g, goal in (("idle cost", "≤ 2 % of one core"), ("supervisor RSS", "≤ 50 MB"),
+                        ("worker PSS", "≤ 20 MB"), ("scale", "500 sessions, all answering")):
+            doc.goal(g, "—", goal, "not measured")
+        return
+    d = res["data"]
+    idle, mem, sc = d.get("idle") or {}, d.get("memory") or {}, d.get("scale") or {}
+    total = idle.get("total_pct")
+    vi = doc.goal(f"idle cost, {idle.get('sessions')} sessions",
+                  num(total, "% of one core"), "≤ 2 % of one core",
+                  verdict(total, 2.0, unit="%"))
+    rss = mem.get("supervisor_rss_mb")
+    vr = doc.goal(f"supervisor RSS at {mem.get('sessions')} sessions", num(rss, "MB"), "≤ 50 MB",
+                  verdict(rss, 50, unit="MB"))
+    pmax = get(mem, "worker_pss_mb", "max")
+    vp = doc.goal("worker PSS (largest worker)", num(pmax, "MB"), "≤ 20 MB",
+                  verdict(pmax, 20, unit="MB"))
+    count, answered, target = sc.get("sessions"), sc.get("answered_again"), sc.get("target")
+    if isinstance(target, int) and target < 500:
+        vs = f"not measured: this run stopped at {target} (quick)"
+    elif count is None:
+        vs = "not measured"
+    elif count >= 500 and answered == count:
+        vs = "met"
+    else:
+        vs = (f"missed: {count} sessions started, {answered} answered"
+              + (f"; first failure: {sc.get('first_failure')}" if sc.get("first_failure") else ""))
+    doc.goal("scale", f"{num(count)} sessions, {num(answered)} answering",
+             "500 sessions, all answering", vs)
+    window = idle.get("window_s")
+    doc.table(HEAD, [
+        [f"idle CPU, {idle.get('sessions')} sessions, whole {num(window)} s window "
+         f"(% of one core)", num(total), "—", "—", "1", "≤ 2 %", vi],
+        ["… of which the supervisor (%)", num(idle.get("supervisor_pct")), "—", "—", "1", "", ""],
+        ["… of which all workers (%)", num(idle.get("workers_pct")), "—", "—", "1", "", ""],
+        ["… the same window on the CPU-time clock, ns (%)", num(idle.get("clock_total_pct")),
+         "—", "—", "1", "", ""],
+        _stat_row(f"idle CPU per {num(idle.get('slice_s'))} s slice, CPU-time clock (%)",
+                  idle.get("slices_total_pct"), ""),
+        _stat_row("idle CPU per worker (%)", idle.get("per_worker_pct"), ""),
+        [f"supervisor RSS at {mem.get('sessions')} sessions (MB)", num(rss), "—", "—", "1",
+         "≤ 50 MB", vr],
+        ["supervisor PSS / USS (MB)",
+         f"{num(mem.get('supervisor_pss_mb'))} / {num(mem.get('supervisor_uss_mb'))}",
+         "—", "—", "1", "", ""],
+        _stat_row("worker PSS (MB)", mem.get("worker_pss_mb"), "", "≤ 20 MB (max)", vp),
+        _stat_row("worker RSS (MB)", mem.get("worker_rss_mb"), ""),
+        _stat_row("worker USS (MB)", mem.get("worker_uss_mb"), ""),
+        ["total PSS, supervisor + workers (MB)", num(mem.get("total_pss_mb")), "—", "—", "1", "",
+         ""],
+        [f"scale: sessions started (target {num(target)})", num(count), "—", "—", "1",
+         "500, all answering", vs],
+        ["scale: creation time (s) / rate (sessions/s)",
+         f"{num(sc.get('create_s'))} / {num(sc.get('sessions_per_s'))}", "—", "—", "1", "", ""],
+        ["scale: answered one more prompt (count, s)",
+         f"{num(answered)} in {num(sc.get('answer_again_s'))}", "—", "—", "1", "", ""],
+        [f"scale: supervisor RSS at {num(count)} sessions (MB)", num(sc.get("supervisor_rss_mb")),
+         "—", "—", "1", "", ""],
+        ["scale: first failure", str(sc.get("first_failure") or "none"), "", "", "", "", ""],
+    ])
+
+
+def sec_doctor(doc: Doc, res: Data) -> None:
+    doc.add("## ps --json, doctor, doctor --fix", "",
+            "Whole processes against 1 and 20 running daemons (each its own socket), interleaved "
+            "with `python -c pass` (A B C A B C …); the figure is the ratio of the medians. "
+            "`doctor --fix`: the owner record of a daemon running with self-heal off is deleted "
+            "(it is wedged); the clock runs until `doctor --fix` has replaced it and a prompt to "
+            "the old session is answered.", "")
+    if not _failed(doc, res):
+        doc.goal("ps --json / doctor", "—", "≤ 2.5x python -c pass", "not measured")
+        return
+    d = res["data"]
+    ps, ratios = d.get("ps") or {}, d.get("ratios") or {}
+    rows = []
+    for count in (1, 20):
+        rows.append(_stat_row(f"`python -c pass` ({count}) (ms)",
+                              ps.get(f"python -c pass ({count})"), ""))
+        for cmd in ("ps --json", "doctor"):
+            key = f"{cmd}, {count} daemon(s)"
+            r = ratios.get(key)
+            v = doc.goal(f"`{cmd}`, {count} daemon(s)", f"{num(r)}x python -c pass",
+                         "≤ 2.5x python -c pass", verdict(r, 2.5, unit="x"))
+            rows.append(_stat_row(f"`{key}` (ms)", ps.get(key), ""))
+            rows.append([f"`{key}`: ratio of medians", f"{num(r)}x", "—", "—", "—", "≤ 2.5x", v])
+    rows.append(_stat_row("`doctor --fix` → prompt answered (ms)", d.get("doctor_fix"), ""))
+    doc.table(HEAD, rows)
+
+
+def _peer_cell(peers: Data, p: str, fig: str, render: Callable[[Data], str]) -> str:
+    r = get(peers, p, fig)
+    if not isinstance(r, dict):
+        return "not reported"
+    if "error" in r:
+        return "error: " + str(r["error"]).replace("\n", " ")[:200]
+    try:
+        return render(r)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"unreadable result ({type(exc).__name__}: {exc}): {json.dumps(r)[:150]}"
+
+
+def _survival(r: Data) -> str:
+    n, adopted = r["programs"], r["adopted"]
+    facts = (f"{adopted} of {n} adopted, {r.get('duplicated', 0)} duplicated (a new copy while "
+             f"the old one runs), {r.get('respawned', 0)} respawned, {r.get('lost', 0)} lost; "
+             f"{r.get('unmanaged_survivors', 0)} left running unmanaged")
+    if adopted == n:
+        return f"{n} of {n} programs adopted after restart ({facts})"
+    return f"cannot: after kill -9 and a restart ({r.get('how', 'restarted')}), {facts}"
+
+
+def sec_peers(doc: Doc, figs: dict[str, Data]) -> None:
+    res = figs.get("peers", {})
+    doc.add("## Peers, side by side", "",
+            "supervisord, circus and pm2, each installed privately (`.bench/`) and run with "
+            "private config, sockets and state, hosting idle stand-in programs "
+            "(`benchmarks/peers_programs/session.py`: a Python process in `signal.pause()`), "
+            "measured by `benchmarks/peers.py` in this run. Status-command timings are "
+            "interleaved with `python -c pass` inside that figure; `trio-agentd -p hi` was "
+            "interleaved with `python -c pass` in the CLI figure, so the comparison is the "
+            "ratio of the two ratios to `python -c pass` (each from interleaved medians).", "")
+    if not _failed(doc, res):
+        return
+    peers: Data = res["data"]
+    names = _peer_names(peers)
+    cli = get(figs, "cli_warm", "data")
+    rec = get(figs, "recovery", "data")
+    foot = get(figs, "footprint", "data")
+    trio_ratio = get(cli, "ratio")
+
+    def status(r: Data) -> str:
+        # private paths say nothing about the command: keep their last part
+        cmd = re.sub(r"(?:ipc://)?/\S*/(\S+)", r"…/\1", str(r.get("command", "status")))
+        return (f"`{cmd}` {num(r['median'], 'ms')} "
+                f"({num(r['ratio_to_python_c_pass'])}x python -c pass)")
+
+    def vs_trio(r: Data) -> str:
+        if not isinstance(trio_ratio, int | float):
+            return "not measured (CLI figure failed)"
+        x = r["ratio_to_python_c_pass"] / trio_ratio
+        return f"{x:.2f}x the time of `trio-agentd -p hi`"
+
+    def restart(r: Data) -> str:
+        s = (f"{num(r['median'], 'ms')} (min {num(r['min'])}, max {num(r['max'])}, n={r['n']}; "
+             f"new process of the program exists)")
+        return s
+
+    def idle(r: Data) -> str:
+        return (f"{num(r['total_pct'])} % ({r.get('programs')} programs, "
+                f"{num(r.get('window_s'))} s)" + (f"; {r['setting']}" if r.get("setting") else ""))
+
+    def daemon_rss(r: Data) -> str:
+        return f"{num(r['daemon_rss'], 'MB')} (PSS {num(r.get('daemon_pss'))})"
+
+    def child_pss(r: Data) -> str:
+        return (f"{num(r['program_pss_median'], 'MB')} (RSS {num(r.get('program_rss_median'))}; "
+                f"median of {r.get('programs')})")
+
+    # trio-agentd's column, from this run's other figures
+    t_status = (f"`trio-agentd -p hi` {num(get(cli, 'trio-agentd -p hi (warm)', 'median'), 'ms')}"
+                f" ({num(trio_ratio)}x python -c pass)" if cli else "CLI figure failed")
+    big = None
+    for r in get(rec, "supervisor_kill") or []:
+        if big is None or r.get("sessions", 0) > big.get("sessions", 0):
+            big = r
+    t_surv = (f"{big['sessions']} of {big['sessions']} sessions answering, every worker adopted "
+              f"(same pid), {big.get('sessions_lost')} lost; all answering in "
+              f"{num(get(big, 'all_answered_ms', 'median'), 'ms')} (median)"
+              if big else "recovery figure failed")
+    wk = get(rec, "worker_kill", "answered_again_ms")
+    t_restart = (f"{num(wk['median'], 'ms')} (min {num(wk['min'])}, max {num(wk['max'])}, "
+                 f"n={num(wk['n'])}; until the session *answers a prompt* again)"
+                 if isinstance(wk, dict) else "recovery figure failed")
+    idle_t = get(foot, "idle")
+    t_idle = (f"{num(idle_t['total_pct'])} % ({idle_t['sessions']} sessions, "
+              f"{num(idle_t['window_s'])} s)" if isinstance(idle_t, dict) else "footprint failed")
+    mem = get(foot, "memory")
+    t_rss = (f"{num(mem['supervisor_rss_mb'], 'MB')} (PSS {num(mem['supervisor_pss_mb'])})"
+             if isinstance(mem, dict) else "footprint failed")
+    t_pss = (f"{num(get(mem, 'worker_pss_mb', 'median'), 'MB')} (RSS "
+             f"{num(get(mem, 'worker_rss_mb', 'median'))}; median of {mem['sessions']})"
+             if isinstance(mem, dict) else "footprint failed")
+
+    rows = [
+        ["status command, whole process", t_status,
+         *(_peer_cell(peers, p, "status_cmd_ms", status) for p in names)],
+        ["… relative to `trio-agentd -p hi`", "1.00x",
+         *(_peer_cell(peers, p, "status_cmd_ms", vs_trio) for p in names)],
+        ["daemon `kill -9`, then started again: what survives", t_surv,
+         *(_peer_cell(peers, p, "daemon_kill9_survival", _survival) for p in names)],
+        ["child `kill -9` → restarted (median)", t_restart,
+         *(_peer_cell(peers, p, "child_restart_ms", restart) for p in names)],
+        ["idle CPU, % of one core", t_idle,
+         *(_peer_cell(peers, p, "idle_cpu_pct", idle) for p in names)],
+        ["daemon RSS", t_rss, *(_peer_cell(peers, p, "memory_mb", daemon_rss) for p in names)],
+        ["per-child PSS", t_pss, *(_peer_cell(peers, p, "memory_mb", child_pss) for p in names)],
+    ]
+    # variants a peer reports beside its main figures (e.g. circus at its default check_delay)
+    for p in names:
+        for fig, r in (peers.get(p) or {}).items():
+            if not isinstance(r, dict) or fig == "install":
+                continue
+            for base, fn in (("child_restart_ms", restart), ("idle_cpu_pct", idle)):
+                if fig.startswith(base + "_"):
+                    cells = ["—"] * len(names)
+                    cells[names.index(p)] = _peer_cell(peers, p, fig, fn)
+                    label = ("child `kill -9` → restarted" if base == "child_restart_ms"
+                             else "idle CPU, % of one core")
+                    rows.append([f"{label} ({p}, {fig[len(base) + 1:].replace('_', ' ')})", "—",
+                                 *cells])
+    doc.table(["figure", "trio-agentd", *names], rows)
+    installs = [f"{p} {_peer_cell(peers, p, 'install', lambda r: str(r.get('version')))}"
+                for p in names]
+    settings = [f"{p}: {get(peers, p, 'child_restart_ms', 'setting')}" for p in names
+                if get(peers, p, "child_restart_ms", "setting")]
+    doc.add("Versions: " + ", ".join(installs) + ".", "")
+    if settings:
+        doc.add("Restart settings: " + "; ".join(settings) + ".", "")
+
+
+# --- plot ----------------------------------------------------------------------------------------
+
+
+def plot_recovery(rec: Data | None, path: Path) -> str:
+    """Draw the recovery plot; the markdown to show it, or why there is none."""
+    rows = [r for r in get(rec, "supervisor_kill") or [] if isinstance(r, dict)]
+    if not rows:
+        return "*No recovery plot: the recovery figure produced no data in this run.*"
+    try:
+        mpl: Any = importlib.import_module("matplotlib")
+        mpl.use("Agg")
+        plt: Any = importlib.import_module("matplotlib.pyplot")
+    except ImportError as exc:
+        return (f"*No recovery plot: matplotlib is not installed ({exc}); install the benchmark "
+                "extra: `.venv/bin/pip install -e '.[bench]'`.*")
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for clients in sorted({r["clients"] for r in rows}):
+        pts = sorted((r["sessions"], r["all_answered_ms"]) for r in rows
+                     if r["clients"] == clients)
+        xs = [n for n, _s in pts]
+        med = [s["median"] for _n, s in pts]
+        lo = [s["median"] - s["min"] for _n, s in pts]
+        hi = [s["max"] - s["median"] for _n, s in pts]
+        ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=4, label=(
+            f"{clients} client thread{'s' if clients != 1 else ''} (median, min-max)"))
+    # the goal holds at one size only: a mark there, not a line across every size
+    ax.vlines(100, 0, 1000, colors="tab:red", linestyles=":", linewidth=1)
+    ax.plot([100], [1000], marker="v", markersize=9, color="tab:red", linestyle="none",
+            label="goal: all answering within 1 s at 100 sessions")
+    ax.set_xlabel("sessions")
+    ax.set_ylabel("supervisor kill -9 → all answering (ms)")
+    ax.set_title("trio-agentd: recovery after supervisor kill -9")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return (f"![recovery time against number of sessions]({path.name})")
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def _code_line(code: Data) -> str:
+    if not code:
+        return "not recorded."
+    if not code.get("commit"):
+        return "not a git checkout"
+    s = f"commit `{code['commit']}` ({code.get('subject')})"
+    changed = code.get("uncommitted") or []
+    if changed:
+        s += "; uncommitted changes in " + ", ".join(f"`{c}`" for c in changed)
+    return s + "."
+
+
+def render(report: Data, plot_md: str) -> str:
+    figs: dict[str, Data] = report["figures"]
+    m = report["machine"]
+    doc = Doc()
+    body = Doc()
+    body.goals = doc.goals
+    peers = get(figs, "peers", "data")
+    for name in report["order"]:
+        res = figs.get(name)
+        if res is None:
+            continue
+        if name == "cli_warm":
+            sec_cli_warm(body, res, peers if isinstance(peers, dict) else None)
+        elif name == "roundtrip":
+            sec_roundtrip(body, res)
+        elif name == "startup":
+            sec_startup(body, res)
+        elif name == "recovery":
+            sec_recovery(body, res, plot_md)
+        elif name == "footprint":
+            sec_footprint(body, res)
+        elif name == "doctor":
+            sec_doctor(body, res)
+        elif name == "peers":
+            sec_peers(body, figs)
+    mode = "quick (`--quick`: fewer repetitions, shorter windows)" if report["quick"] else "full"
+    doc.add("# Benchmarks", "",
+            "Generated by `python -m benchmarks` (`benchmarks/run.py`); do not edit by hand — "
+            "rerun it. Reproduce: `.venv/bin/pip install -e '.[bench]' && .venv/bin/python -m "
+            "benchmarks`. Goals are those of issue 5; every verdict is computed from this run's "
+            "numbers.", "",
+            f"- **Date**: {report['date']}; run: {mode}, {num(report['wall_s'])} s in all.",
+            f"- **Machine**: {m.get('cores')} cores ({m.get('usable_cores')} usable, "
+            f"{m.get('cpu') or '?'}), {num(m.get('memory_gib'))} GiB memory, Python "
+            f"{m.get('python')}, trio {m.get('trio')}, {m.get('kernel')} ({m.get('arch')}).",
+            f"- **Code**: {_code_line(report.get('code') or {})}",
+            f"- **Load average** (1/5/15 min) at the start: {report['load_start']}; at the end: "
+            f"{report['load_end']}. The machine is shared: comparisons are interleaved runs "
+            "(A B A B …) and ratios of their medians.", "")
+    sec_goals = Doc()
+    sec_goals.add("## Goals", "")
+    sec_goals.table(["figure", "measured", "goal", "verdict"],
+                    [list(g) for g in doc.goals])
+    doc.add(*sec_goals.lines)
+    doc.add(*body.lines)
+    doc.add("## Per figure: wall time and errors", "")
+    rows = []
+    for n in report["order"]:
+        if n not in figs:
+            continue
+        r = figs[n]
+        text = f"error: {str(r['error'])[:200]}" if "error" in r else "ok"
+        if r.get("leaked"):
+            text += f"; {len(r['leaked'])} leaked processes, killed by the runner"
+        rows.append([n, num(r.get("wall_s")), text])
+    doc.table(["figure", "wall (s)", "result"], rows)
+    doc.add("Raw numbers: [`benchmarks.json`](benchmarks.json).", "")
+    return "\n".join(doc.lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="fewer repetitions and shorter windows (under 5 minutes)")
+    p.add_argument("--only", help="comma-separated figures: " + ",".join(BY_NAME))
+    p.add_argument("--out", default=str(REPO / "docs"), help="output dir (default docs/)")
+    p.add_argument("--render", action="store_true",
+                   help="measure nothing: rewrite the report and plot from OUT/benchmarks.json")
+    p.add_argument("--child", choices=sorted(BY_NAME), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return _child(args.child, args.quick, Path(args.out))
+    if args.render:
+        out = Path(args.out)
+        return _write(json.loads((out / "benchmarks.json").read_text()), out)
+    order = [f.name for f in FIGURES]
+    if args.only:
+        wanted = [x.strip() for x in args.only.split(",") if x.strip()]
+        unknown = [x for x in wanted if x not in BY_NAME]
+        if unknown:
+            p.error(f"unknown figures {unknown}; known: {', '.join(BY_NAME)}")
+        order = [n for n in order if n in wanted]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runner_id = uuid.uuid4().hex
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"ta-bench-{runner_id[:12]}"
+    tmp.mkdir(mode=0o700)
+    report: Data = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    "quick": args.quick, "machine": machine_info(), "code": code_info(),
+                    "load_start": _loadavg(),
+                    "order": order, "figures": {}}
+    t0 = time.perf_counter()
+    try:
+        for name in order:
+            fig = BY_NAME[name]
+            print(f"== {name}: {fig.title}", file=sys.stderr, flush=True)
+            res = _run_child(fig, args.quick, tmp, runner_id)
+            report["figures"][name] = res
+            status = f"error: {res['error']}" if "error" in res else "ok"
+            print(f"== {name}: {status} ({res['wall_s']} s)", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: writing what was measured", file=sys.stderr)
+        _sweep(f"{RUNNER_MARKER}={runner_id}".encode())
+    finally:
+        for f in tmp.glob("*.json"):
+            f.unlink()
+        with contextlib.suppress(OSError):
+            tmp.rmdir()
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    report["load_end"] = _loadavg()
+    return _write(report, out)
+
+
+def _write(report: Data, out: Path) -> int:
+    plot_md = plot_recovery(get(report, "figures", "recovery", "data"), out / PLOT_NAME)
+    (out / "benchmarks.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "benchmarks.md").write_text(render(report, plot_md))
+    print(f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'}"
+          f"{', ' + str(out / PLOT_NAME) if plot_md.startswith('!') else ''}"
+          f" (run: {report['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
