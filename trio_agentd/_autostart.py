@@ -28,7 +28,6 @@ from ._paths import Layout
 if TYPE_CHECKING:
     from .timing import Timing
 
-LOSER_EXIT = 0
 
 
 def spawn_daemon(

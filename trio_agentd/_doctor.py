@@ -12,7 +12,7 @@ import os
 import signal
 import socket as _socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -445,16 +445,6 @@ class RealHooks:
                 os.ftruncate(self._admission_fd, 0)
             _fs.unlock(self._admission_fd)
             self._admission_fd = None
-
-
-@contextlib.contextmanager
-def admission(hooks: RealHooks) -> Iterator[str | None]:
-    ticket = hooks.take_admission()
-    try:
-        yield ticket
-    finally:
-        if ticket is not None:
-            hooks.release_admission()
 
 
 def stop_orphan_workers(layout: Layout, sock: str, timing: Timing | None = None) -> list[int]:
