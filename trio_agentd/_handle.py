@@ -174,9 +174,6 @@ class WorkerHandle:
         if self._retry_pending:
             await self.mode.wait_value(lambda m: m is not Mode.FAILED)
 
-    async def wait_stopped(self) -> None:
-        await self.mode.wait_value(lambda m: m in (Mode.STOPPED, Mode.FAILED))
-
     async def call(
         self, op: str, args: dict[str, Any], *, client_id: str, on_event: EventSink | None
     ) -> Response:

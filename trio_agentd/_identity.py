@@ -168,3 +168,19 @@ def signal_group_identity_checked(
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def peer_credentials(stream: object) -> tuple[int, int] | None:
+    """``(pid, uid)`` of the peer of a Unix-socket stream (SO_PEERCRED), or ``None``."""
+    import socket as _socket
+    import struct
+
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return None
+    try:
+        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return int(pid), int(uid)

@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from . import _fs
+from ._autostart import log_tail
 from ._errors import AgentdError, ErrorCode
 from ._handle import WorkerHandle
 from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
@@ -162,7 +163,7 @@ class ProcessWorkerOps:
             raise AgentdError(
                 ErrorCode.WORKER_UNAVAILABLE,
                 f"worker for session {h.session_id} exited before it was ready; log:"
-                f" {_tail(session_dir / 'worker.log')}",
+                f" {log_tail(session_dir / 'worker.log', 5)}",
             )
 
     async def _reap(self, proc: trio.Process) -> None:
@@ -274,8 +275,3 @@ async def _wait_pid_exit(pid: int) -> None:
         await trio.lowlevel.wait_readable(fd)
     finally:
         os.close(fd)
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    data = _fs.read_bytes(path) or b""
-    return " | ".join(data.decode(errors="replace").strip().splitlines()[-lines:]) or "(empty)"

@@ -22,7 +22,6 @@ import logging
 import os
 import signal
 import socket as _socket
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,7 +34,7 @@ from trio_util import AsyncValue
 from . import _fs
 from ._errors import AgentdError, ErrorCode, single_errors
 from ._handle import WorkerHandle
-from ._identity import is_alive, own_start_id
+from ._identity import is_alive, own_start_id, peer_credentials
 from ._ownership import Phase
 from ._paths import Layout, check_socket_path, ensure_private_dir
 from ._procops import ProcessWorkerOps
@@ -701,14 +700,8 @@ def _guess_id(line: bytes) -> Any:
 
 
 def _peer_uid(stream: trio.SocketStream) -> int | None:
-    try:
-        creds = stream.socket.getsockopt(
-            _socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i")
-        )
-    except (OSError, AttributeError):
-        return None
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+    creds = peer_credentials(stream)
+    return None if creds is None else creds[1]
 
 
 @contextlib.asynccontextmanager

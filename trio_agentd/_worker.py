@@ -26,7 +26,6 @@ import logging
 import os
 import signal
 import socket as _socket
-import struct
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import trio
 from . import _journal
 from ._errors import AgentdError, ErrorCode
 from ._fence import Claim, Fence
-from ._identity import own_start_id, read_start_id
+from ._identity import own_start_id, peer_credentials, read_start_id
 from ._protocol import (
     Auth,
     AuthOk,
@@ -692,17 +691,12 @@ def interrupted_error(k: _journal.Key) -> AgentdError:
 
 
 def _so_peercred_pid(stream: trio.abc.Stream) -> int | None:
-    sock = getattr(stream, "socket", None)
-    if sock is None:
+    """The peer's pid; -1 (never a claimed pid) for a peer of another uid."""
+    creds = peer_credentials(stream)
+    if creds is None:
         return None
-    try:
-        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
-    except (OSError, AttributeError):
-        return None
-    pid, uid, _gid = struct.unpack("3i", creds)
-    if uid != os.getuid():
-        return -1
-    return int(pid)
+    pid, uid = creds
+    return pid if uid == os.getuid() else -1
 
 
 async def run_worker(
