@@ -5,8 +5,9 @@ re-parented when it exits). A Trio program must not keep a detached daemon as it
 linger as a zombie after the daemon exits), so ``open_client`` runs the same function in a short
 helper process, ``python -m trio_agentd._autostart``, which exits once the daemon answers.
 
-The client spawns ``python -m trio_agentd --socket S --home H daemon --autostarted`` detached
-(new session, stdio to the daemon log) and polls for a hello. A spawned daemon that loses the
+The client spawns ``python -E -P -m trio_agentd --socket S --home H --registry R daemon
+--autostarted`` detached (new session, cwd ``/``, stdio to the daemon log: nothing is imported from
+the client's cwd) and polls for a hello. A spawned daemon that loses the
 race to another one exits 0 quietly (``--autostarted``), so the client keeps polling for the
 winner; one that exits non-zero makes the client fail with the exit code and the log's tail.
 """
@@ -30,24 +31,34 @@ if TYPE_CHECKING:
 
 
 
+# variables that tell one process which daemon to be; a spawned daemon gets flags instead
+_INTERNAL_ENV = frozenset({"TRIO_AGENTD_ADMISSION_TICKET", "TRIO_AGENTD_REGISTRY_DIR",
+                           "TRIO_AGENTD_HOME", "TRIO_AGENTD_SOCKET"})
+
+
 def spawn_daemon(
     layout: Layout, *, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``trio-agentd daemon --autostarted`` detached, stdio to the daemon log."""
-    layout.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log_fd = os.open(layout.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    env = dict(os.environ)
-    env["TRIO_AGENTD_REGISTRY_DIR"] = str(layout.registry)
+    from ._fs import ensure_dir, open_trusted
+    from ._trust import isolated_python
+
+    ensure_dir(layout.state_dir)
+    log_fd = open_trusted(layout.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    # the daemon's own variables name this layout; nothing internal is left for its agents
+    env = {k: v for k, v in os.environ.items() if k not in _INTERNAL_ENV}
     env.update(extra_env or {})
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "trio_agentd", "--socket", layout.socket,
-             "--home", str(layout.home), "daemon", "--autostarted"],
+            [*isolated_python("trio_agentd"), "--socket", layout.socket,
+             "--home", str(layout.home), "--registry", str(layout.registry),
+             "daemon", "--autostarted"],
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
             stderr=log_fd,
             start_new_session=True,
             close_fds=True,
+            cwd="/",  # the daemon never holds the client's cwd (or its mount) busy
             env=env,
         )
     finally:
@@ -93,9 +104,10 @@ def autostart_and_wait(layout: Layout, timing: Timing | ClientTiming = CLIENT) -
     deadline = time.monotonic() + timing.startup_timeout
     # one client spawns, the others wait for its supervisor's hello: a crowd of clients
     # starting at once does not start a crowd of supervisors that all but one lose
-    from ._paths import ensure_private_dir
+    from ._trust import make_private_dirs
 
-    ensure_private_dir(layout.socket_dir)  # a fresh machine has no socket dir yet
+    # a fresh machine has no socket dir yet; one that fails the proof is refused, never reused
+    make_private_dirs(layout.socket_dir, private=True)
     lock_path = layout.socket + ".autostart"
     proc: subprocess.Popen[bytes] | None = None
     lock_fd: int | None = None

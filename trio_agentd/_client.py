@@ -22,6 +22,8 @@ from ._errors import AgentdError, ErrorCode, single_errors
 from ._paths import Layout, check_socket_path
 from ._protocol import PROTOCOL_VERSION, Event, Hello, Request, Response, error_of
 from ._stream import MessageStream
+from ._syncclient import CREATING_OPS, creator_args
+from ._trust import isolated_python, prove_peer, prove_socket_dir
 from .timing import DEFAULT_TIMING, Timing
 
 RETRY_FOR = 60.0
@@ -140,6 +142,9 @@ class Client:
                 again within ``RETRY_FOR`` seconds.
         """
         rid = next(self._ids)
+        args = args or {}
+        if op in CREATING_OPS:
+            args = creator_args(args)
         budget = 0.0 if op in _NO_RESEND else RETRY_FOR
         deadline = trio.current_time() + budget
         delay = 0.025
@@ -147,7 +152,7 @@ class Client:
         while True:
             try:
                 return await self._exchange_once(
-                    rid, op, args or {}, None if resent else on_event
+                    rid, op, args, None if resent else on_event
                 )
             except _Lost as exc:
                 error: Exception = exc
@@ -229,6 +234,12 @@ class Client:
 
 
 async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] | None:
+    try:
+        prove_socket_dir(layout.socket_dir)
+    except AgentdError as exc:
+        if exc.code == ErrorCode.DAEMON_UNAVAILABLE:
+            return None  # no socket dir: nobody listens
+        raise
     sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         with trio.fail_after(timing.connect_timeout):
@@ -244,6 +255,11 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
             ' doctor --fix"',
             {"wedged": True},
         ) from None
+    try:
+        prove_peer(sock, layout.socket)
+    except BaseException:
+        sock.close()
+        raise
     ms = MessageStream(trio.SocketStream(sock))
     try:
         with trio.fail_after(timing.hello_timeout):
@@ -270,14 +286,13 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
 async def _autostart(layout: Layout, timing: Timing) -> None:
     """Autostart through a helper process, so the daemon never becomes our (zombie) child."""
     import subprocess
-    import sys
 
-    argv = [sys.executable, "-m", "trio_agentd._autostart", "--socket", layout.socket,
+    argv = [*isolated_python("trio_agentd._autostart"), "--socket", layout.socket,
             "--home", str(layout.home), "--registry", str(layout.registry)]
     with trio.move_on_after(timing.startup_timeout + 5) as scope:
         done = await trio.run_process(
             argv, check=False, capture_stdout=True, capture_stderr=True,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, cwd="/",
         )
     if scope.cancelled_caught:
         from ._autostart import startup_timeout

@@ -89,12 +89,12 @@ def _records(registry: Path) -> list[Record]:
     for name in names:
         if not name.endswith(".owner") or name.startswith("."):
             continue
-        raw = _fs.read_bytes(registry / name / "owner.json")
-        if raw is None:
-            continue
         try:
+            raw = _fs.read_bytes(registry / name / "owner.json")
+            if raw is None:
+                continue
             rec = OwnerRecord.from_json(raw)
-        except CorruptRecord:
+        except (CorruptRecord, _fs.UntrustedFile):
             continue
         out.append(Record(
             generation=rec.generation, pid=rec.pid, start_id=rec.start_id, socket=rec.socket,
@@ -109,9 +109,9 @@ def _scoped_sockets(registry: Path) -> list[str]:
     with contextlib.suppress(OSError):
         for name in os.listdir(registry):
             if name.endswith(".owner") and not name.startswith("."):
-                raw = _fs.read_bytes(registry / name / "scope.json")
-                if raw is not None:
-                    with contextlib.suppress(CorruptRecord):
+                with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
+                    raw = _fs.read_bytes(registry / name / "scope.json")
+                    if raw is not None:
                         out.append(Scope.from_json(raw).socket)
     return out
 
@@ -120,7 +120,7 @@ def _descriptors(home: Path) -> list[dict[str, Any]]:
     out = []
     for path in (home / "daemons").glob("*/workers/*.json"):
         with contextlib.suppress(OSError, ValueError):
-            obj = json.loads(path.read_bytes())
+            obj = json.loads(_fs.read_bytes(path) or b"")
             if isinstance(obj, dict):
                 out.append(obj)
     return out
@@ -424,7 +424,7 @@ class RealHooks:
 
     def take_admission(self) -> str | None:
         path = self.layout.registry / "shutdown.lock"
-        self.layout.registry.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _fs.ensure_dir(self.layout.registry)
         deadline = time.monotonic() + 5
         while True:
             fd = _fs.try_lock(path)

@@ -8,6 +8,7 @@ unlinked it); if not we retry on the new file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -51,13 +52,51 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, mode: int = 0o6
     atomic_write(path, json.dumps(obj, sort_keys=True).encode(), mode=mode)
 
 
-def read_bytes(path: str | os.PathLike[str]) -> bytes | None:
-    """The file's bytes, or ``None`` when it (or its directory) does not exist."""
+class UntrustedFile(ValueError):
+    """A state file another user could have written (or a symlink): refused like a corrupt
+    one, with this message as the logged reason."""
+
+
+def open_trusted(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """``os.open`` that refuses a symlink and a file that is not ours or is writable by others.
+
+    Raises:
+        UntrustedFile: naming the path and what is wrong with it.
+        OSError: as ``os.open`` (``FileNotFoundError`` when it does not exist).
+    """
+    from ._trust import file_problem
+
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UntrustedFile(f"{os.fspath(path)} is a symlink — not trusted") from None
+        raise
+    try:
+        problem = file_problem(os.fstat(fd), os.getuid())
+    except BaseException:
+        os.close(fd)
+        raise
+    if problem is not None:
+        os.close(fd)
+        raise UntrustedFile(
+            f"{os.fspath(path)} {problem} — not trusted; remove it if it is not yours"
+        )
+    return fd
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes | None:
+    """The file's bytes, or ``None`` when it (or its directory) does not exist.
+
+    Raises:
+        UntrustedFile: a symlink, or a file not ours or writable by others.
+    """
+    try:
+        fd = open_trusted(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    with open(fd, "rb") as f:
+        return f.read()
 
 
 def _open_lock_file(path: str) -> int:
@@ -148,5 +187,12 @@ def locked_sync(path: str | os.PathLike[str]) -> Iterator[int]:
         unlock(fd)
 
 
-def ensure_dir(path: Path, mode: int = 0o700) -> None:
-    path.mkdir(mode=mode, parents=True, exist_ok=True)
+def ensure_dir(path: Path) -> None:
+    """Create a state dir (and its missing parents) 0700 whatever the umask, and prove it ours.
+
+    Raises:
+        AgentdError: ``permission_denied`` for a dir another user could write in.
+    """
+    from ._trust import make_private_dirs
+
+    make_private_dirs(path)

@@ -104,6 +104,8 @@ class WorkerHandle:
         self.session_id = session_id
         self.agent = agent
         self.cwd = cwd
+        # the creating client's environment (minus the daemon's variables), for a new session
+        self.env: dict[str, str] | None = None
         self.created_at = created_at or now_iso()
         self.pid: int | None = None
         self.start_id: str | None = None

@@ -1,14 +1,12 @@
 """Where everything lives (SPEC §3), resolved once from flags, environment and defaults.
 
-Pure path arithmetic plus the two filesystem checks that guard the socket directory. Kept free of
-trio so the CLI's warm path can import it cheaply.
+Pure path arithmetic (directory creation and the proofs of ownership live in ``_trust``). Kept
+free of trio so the CLI's warm path can import it cheaply.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import stat
 
 from ._errors import AgentdError, ErrorCode
 
@@ -221,34 +219,4 @@ def check_socket_path(path: str) -> None:
             f"socket path is {size} bytes, over the {SUN_PATH_MAX}-byte sun_path limit: {path}"
             " — choose a shorter --socket",
             {"limit": SUN_PATH_MAX, "length": size},
-        )
-
-
-def ensure_private_dir(path: str, *, create: bool = True) -> None:
-    """Make sure ``path`` is a directory of mode 0700 owned by us; refuse clearly otherwise."""
-    path = os.path.normpath(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        if not create:
-            raise AgentdError(
-                ErrorCode.CONFIG, f"socket directory {path} does not exist — create it (mode 0700)"
-            ) from None
-        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise AgentdError(ErrorCode.CONFIG, f"socket directory {path} is not a directory")
-    if st.st_uid != os.getuid():
-        raise AgentdError(
-            ErrorCode.PERMISSION_DENIED,
-            f"socket directory {path} is owned by uid {st.st_uid}, not {os.getuid()}"
-            " — use a directory you own (--socket)",
-        )
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise AgentdError(
-            ErrorCode.PERMISSION_DENIED,
-            f"socket directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, must be 0700"
-            f" — run: chmod 700 {path}",
         )

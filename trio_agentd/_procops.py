@@ -15,7 +15,6 @@ import os
 import secrets
 import socket as _socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,15 @@ from ._paths import Layout
 from ._recovery import Mode
 from ._registry import Ownership
 from ._session import Transcript, read_meta, write_meta
+from ._trust import (
+    agent_environment,
+    agent_import_path,
+    daemon_knobs,
+    isolated_python,
+    prove_peer,
+    prove_socket_dir,
+    session_environment,
+)
 from ._worker import WorkerConfig
 from ._workerlink import WorkerLink, link_over_stream
 from .timing import Timing
@@ -74,8 +82,11 @@ class ProcessWorkerOps:
         path = self.layout.worker_socket(h.session_id)
         sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
+            # the token goes only to a worker of ours: the dir and the peer are proven first
+            prove_socket_dir(os.path.dirname(path))
             await sock.connect(path)
-        except OSError as exc:
+            prove_peer(sock, path)
+        except (OSError, AgentdError) as exc:
             sock.close()
             raise AgentdError(
                 ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
@@ -105,12 +116,16 @@ class ProcessWorkerOps:
         L = self.layout
         h.token = secrets.token_hex(16)
         session_dir = L.session_dir(h.session_id)
-        session_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if read_meta(session_dir) is None:
-            write_meta(session_dir, {"session": h.session_id, "agent": h.agent,
-                                     "cwd": h.cwd, "created_at": h.created_at,
-                                     "socket": L.socket})
+        _fs.ensure_dir(session_dir)
+        meta = read_meta(session_dir)
+        if meta is None:
+            meta = {"session": h.session_id, "agent": h.agent, "cwd": h.cwd,
+                    "created_at": h.created_at, "socket": L.socket,
+                    "env": h.env if h.env is not None else agent_environment(dict(os.environ))}
+            write_meta(session_dir, meta)
+        env = session_environment(meta)
         _fs.atomic_write(L.token_path(h.session_id), h.token.encode(), mode=0o600)
+        cwd = h.cwd if _is_dir(h.cwd) else str(session_dir)
         config = WorkerConfig(
             session_id=h.session_id,
             agent=h.agent,
@@ -120,18 +135,23 @@ class ProcessWorkerOps:
             worker_socket=L.worker_socket(h.session_id),
             journal=str(L.journal_path(h.session_id)),
             session_dir=str(session_dir),
-            cwd=h.cwd if _is_dir(h.cwd) else str(session_dir),
+            cwd=cwd,
+            agent_path=agent_import_path(cwd, env),
         )
-        log_fd = os.open(session_dir / "worker.log",
-                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        log_fd = _fs.open_trusted(
+            session_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        )
         try:
             proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "trio_agentd.worker"],
+                isolated_python("trio_agentd.worker"),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log_fd,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                cwd="/",
+                # the session's environment; the daemon's knobs the worker reads (and then
+                # removes from its own environment, before any agent runs)
+                env={**env, **daemon_knobs(os.environ)},
             )
         finally:
             os.close(log_fd)
@@ -185,7 +205,7 @@ class ProcessWorkerOps:
             "worker_socket": L.worker_socket(h.session_id),
             "token_sha256": hashlib.sha256((h.token or "").encode()).hexdigest(),
             "create": {
-                "argv": [sys.executable, "-m", "trio_agentd.worker"],
+                "argv": isolated_python("trio_agentd.worker"),
                 "cwd": h.cwd,
                 "agent": h.agent,
                 "env": {},
@@ -214,7 +234,9 @@ class ProcessWorkerOps:
             ValueError: the descriptor is unreadable, foreign or malformed.
         """
         try:
-            desc = json.loads(path.read_bytes())
+            desc = json.loads(_fs.read_bytes(path) or b"")
+        except _fs.UntrustedFile:
+            raise
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"unreadable: {exc}") from None
         if not isinstance(desc, dict):
@@ -245,8 +267,11 @@ class ProcessWorkerOps:
         h.turns = Transcript(self.layout.session_dir(session_id)).turns
         return h, self.alive(h) and h.token is not None, lifecycle
 
-    def new_handle(self, session_id: str, agent: str, cwd: str) -> WorkerHandle:
+    def new_handle(
+        self, session_id: str, agent: str, cwd: str, env: dict[str, str] | None = None
+    ) -> WorkerHandle:
         h = WorkerHandle(self, session_id, agent, cwd)
+        h.env = env
         h.turns = Transcript(self.layout.session_dir(session_id)).turns
         return h
 

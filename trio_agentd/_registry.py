@@ -98,7 +98,13 @@ class Registry:
 
     # reads ------------------------------------------------------------------------------
     def read_owner_bytes(self, generation: str) -> bytes | None:
-        return _fs.read_bytes(self.owner_json(generation))
+        """The record's bytes (``None``: missing). A record another user could have written
+        reads as empty: corrupt, so its owner restores it and nobody else trusts it."""
+        try:
+            return _fs.read_bytes(self.owner_json(generation))
+        except _fs.UntrustedFile as exc:
+            log.error("owner record: %s", exc)
+            return b""
 
     def is_revoked(self, generation: str) -> bool:
         return self.tombstone(generation).exists()
@@ -130,13 +136,13 @@ class Registry:
             generation = name[: -len(".owner")]
             record: OwnerRecord | None = None
             scope: Scope | None = None
-            raw = _fs.read_bytes(self.owner_json(generation))
+            raw = self.read_owner_bytes(generation)
             if raw is not None:
                 with contextlib.suppress(CorruptRecord):
                     record = OwnerRecord.from_json(raw)
-            raw_scope = _fs.read_bytes(self.scope_json(generation))
-            if raw_scope is not None:
-                with contextlib.suppress(CorruptRecord):
+            with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
+                raw_scope = _fs.read_bytes(self.scope_json(generation))
+                if raw_scope is not None:
                     scope = Scope.from_json(raw_scope)
             live = liveness(record.pid, record.start_id) if record is not None else None
             out.append(

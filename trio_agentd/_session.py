@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 
 from . import _fs
 from ._errors import AgentdError, ErrorCode
+
+log = logging.getLogger("trio_agentd.session")
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -38,7 +41,11 @@ class Transcript:
         self.keys: set[tuple[str, str]] = set()
         self.last: dict[str, Any] | None = None
         self._fd: int | None = None
-        data = _fs.read_bytes(self.path) or b""
+        try:
+            data = _fs.read_bytes(self.path) or b""
+        except _fs.UntrustedFile as exc:
+            log.error("ignoring the transcript: %s", exc)
+            data = b""
         for line in data.split(b"\n"):
             try:
                 rec = json.loads(line)
@@ -53,10 +60,8 @@ class Transcript:
         """Append a line (no fsync: the journal is the durable record; see ``sync``)."""
         line = json.dumps({**rec, "at": now_iso()}, separators=(",", ":")).encode() + b"\n"
         if self._fd is None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(
-                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
-            )
+            _fs.ensure_dir(self.dir)
+            self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.write(self._fd, line)
         if rec.get("kind") == "turn":
             self.turns = max(self.turns, int(rec["turn"]))
@@ -75,12 +80,18 @@ class Transcript:
 
 
 def write_meta(session_dir: Path, meta: dict[str, Any]) -> None:
-    session_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _fs.ensure_dir(session_dir)  # 0700, and refused if another user could write in it
     _fs.atomic_write_json(session_dir / "session.json", meta)
 
 
 def read_meta(session_dir: Path) -> dict[str, Any] | None:
-    raw = _fs.read_bytes(session_dir / "session.json")
+    """The session's metadata, or ``None`` if there is none, or none we can trust (a corrupt
+    file, or one another user could have written: refused with a logged reason)."""
+    try:
+        raw = _fs.read_bytes(session_dir / "session.json")
+    except _fs.UntrustedFile as exc:
+        log.error("refusing session metadata: %s", exc)
+        return None
     if raw is None:
         return None
     try:

@@ -36,7 +36,7 @@ from ._errors import AgentdError, ErrorCode, single_errors
 from ._handle import WorkerHandle
 from ._identity import is_alive, own_start_id, peer_credentials
 from ._ownership import Phase
-from ._paths import Layout, check_socket_path, ensure_private_dir
+from ._paths import Layout, check_socket_path
 from ._procops import ProcessWorkerOps
 from ._protocol import (
     APP_VERSION,
@@ -54,6 +54,7 @@ from ._recovery import Mode, idle_victims
 from ._registry import Ownership, Registry
 from ._session import check_session_id, read_meta, write_meta
 from ._stream import MessageStream
+from ._trust import agent_environment, make_private_dirs, prove_socket_dir
 from .agents._base import validate_agent_spec
 from .timing import DEFAULT_TIMING, Timing
 
@@ -94,8 +95,9 @@ class Supervisor:
             app_version=APP_VERSION,
             protocol=PROTOCOL_VERSION,
             self_heal=_self_heal_from_env() if config.self_heal is None else config.self_heal,
+            # a ticket is for this process alone: no successor or worker inherits it
             admission_ticket=config.admission_ticket
-            or os.environ.get("TRIO_AGENTD_ADMISSION_TICKET"),
+            or os.environ.pop("TRIO_AGENTD_ADMISSION_TICKET", None),
             timing=config.timing,
         )
         self.start_id = own_start_id()
@@ -134,7 +136,7 @@ class Supervisor:
         L = self.layout
         check_socket_path(L.socket)
         check_socket_path(L.worker_socket("x"))
-        ensure_private_dir(L.socket_dir)
+        make_private_dirs(L.socket_dir, private=True)
         for d in (L.state_dir, L.workers_dir, L.journal_dir, L.generations_dir):
             _fs.ensure_dir(d)
         await self.ownership.acquire()
@@ -256,6 +258,9 @@ class Supervisor:
     # the listening socket ----------------------------------------------------------------
     def _bind(self) -> None:
         path = self.layout.socket
+        # before every bind and rebind: the dir may have been deleted and made again by
+        # someone else since we started
+        prove_socket_dir(self.layout.socket_dir)
         if os.path.lexists(path):
             probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             probe.settimeout(self.timing.connect_timeout)
@@ -304,6 +309,8 @@ class Supervisor:
             return False
 
     def _rebind(self) -> None:
+        # refused: nothing changes, and the next self-check tries again
+        prove_socket_dir(self.layout.socket_dir)
         old = self._listen_sock
         self._listen_sock = None
         with contextlib.suppress(FileNotFoundError):
@@ -333,6 +340,7 @@ class Supervisor:
     # periodic -----------------------------------------------------------------------------
     async def _self_check_loop(self) -> None:
         last: str | None = None
+        bind_error: str | None = None  # logged once per cause, not every tick
         while True:
             await trio.sleep(self.timing.self_check_interval)
             try:
@@ -350,8 +358,11 @@ class Supervisor:
             if self._listen_sock is not None and not self._socket_intact():
                 try:
                     self._rebind()
+                    bind_error = None
                 except (OSError, AgentdError) as exc:
-                    log.error("could not bind %s again: %s", self.layout.socket, exc)
+                    if str(exc) != bind_error:
+                        log.error("could not bind %s again: %s", self.layout.socket, exc)
+                    bind_error = str(exc)
 
     async def _idle_sweep_loop(self) -> None:
         """Stop the workers of idle sessions (SPEC §6); transcripts and descriptors stay."""
@@ -405,8 +416,16 @@ class Supervisor:
         )
 
     async def get_session(
-        self, session_id: str, agent: str | None, cwd: str | None, *, create: bool
+        self,
+        session_id: str,
+        agent: str | None,
+        cwd: str | None,
+        *,
+        create: bool,
+        env: dict[str, str] | None = None,
     ) -> WorkerHandle:
+        """The session's handle; a new one is created (``create``) with the creating client's
+        ``cwd`` and environment ``env`` (minus the daemon's own variables)."""
         check_session_id(session_id)
         known = self.sessions.get(session_id)
         if known is not None and (agent is None or agent == known.agent):
@@ -430,6 +449,7 @@ class Supervisor:
                 h = self.ops.new_handle(
                     session_id, use_agent,
                     (meta or {}).get("cwd") or cwd or str(self.layout.session_dir(session_id)),
+                    None if env is None else agent_environment(env),
                 )
                 self.sessions[session_id] = h
                 await self._supervise(h, alive=False, lifecycle=Mode.STOPPED)
@@ -444,10 +464,13 @@ class Supervisor:
         if not isinstance(other, str) or other == self.layout.socket:
             return
         theirs = Layout(home=self.layout.home, socket=other, registry=self.layout.registry)
-        raw = _fs.read_bytes(theirs.descriptor_path(session_id))
         desc: Any = None
-        with contextlib.suppress(ValueError, UnicodeDecodeError):
+        try:
+            raw = _fs.read_bytes(theirs.descriptor_path(session_id))
             desc = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError) as exc:
+            log.error("session %s: ignoring the descriptor under socket %s: %s",
+                      session_id, other, exc)
         if isinstance(desc, dict) and isinstance(desc.get("pid"), int) and is_alive(
             int(desc["pid"]), desc.get("start_id")
         ) and desc.get("start_id"):
@@ -571,7 +594,7 @@ class Supervisor:
             case "create_session":
                 h = await self.get_session(
                     _str_arg(args, "session"), _opt_str(args, "agent"), _opt_str(args, "cwd"),
-                    create=True,
+                    create=True, env=_opt_env(args),
                 )
                 await h.wait_ready()
                 return h.summary()
@@ -626,7 +649,7 @@ class Supervisor:
             raise AgentdError(ErrorCode.BAD_REQUEST, "prompt needs a string 'text'")
         h = await self.get_session(
             _opt_str(args, "session") or "default", _opt_str(args, "agent"),
-            _opt_str(args, "cwd"), create=True,
+            _opt_str(args, "cwd"), create=True, env=_opt_env(args),
         )
         h.touch()
 
@@ -687,6 +710,19 @@ def _opt_str(args: dict[str, Any], name: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise AgentdError(ErrorCode.BAD_REQUEST, f"argument {name!r} must be a string")
+    return value
+
+
+def _opt_env(args: dict[str, Any]) -> dict[str, str] | None:
+    value = args.get("env")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise AgentdError(
+            ErrorCode.BAD_REQUEST, "argument 'env' must be an object of string values"
+        )
     return value
 
 

@@ -15,6 +15,7 @@ import time
 from ._defaults import CLIENT, ClientTiming
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout, check_socket_path
+from ._trust import prove_peer, prove_socket_dir
 from ._version import PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
@@ -29,6 +30,22 @@ MAX_FRAME = 1 << 20
 RETRY_FOR = 60.0  # seconds a command keeps being resent across lost connections
 # errors that mean "this supervisor is going away": reconnect and resend
 _RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
+
+
+# ops that may create a session: they carry the creating client's cwd and environment
+CREATING_OPS = frozenset({"prompt", "create_session"})
+
+
+def creator_args(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` plus this process's cwd and environment, which a new session starts with (its
+    agent gets the environment minus the daemon's own ``TRIO_AGENTD_*`` variables)."""
+    out = {"env": dict(os.environ), **args}
+    if out.get("cwd") is None:
+        try:
+            out["cwd"] = os.getcwd()
+        except OSError:  # a deleted cwd: the session's own dir is used
+            out.pop("cwd", None)
+    return out
 
 
 class _Lost(Exception):
@@ -66,11 +83,20 @@ class _Conn:
 def probe(
     layout: Layout, timing: Timing | ClientTiming = CLIENT
 ) -> tuple[_Conn, dict[str, Any]] | None:
-    """Connect and read the hello; ``None`` if nobody listens (no socket, or refused).
+    """Prove the socket, connect and read the hello; ``None`` if nobody listens.
+
+    Nothing is sent before the socket's dir and the listening peer are proven ours.
 
     Raises:
+        AgentdError: ``permission_denied`` if the socket dir or its peer is not ours.
         AgentdError: ``daemon_unavailable`` if something accepts but sends no hello in time.
     """
+    try:
+        prove_socket_dir(layout.socket_dir)
+    except AgentdError as exc:
+        if exc.code == ErrorCode.DAEMON_UNAVAILABLE:
+            return None  # no socket dir: nobody listens
+        raise
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timing.connect_timeout)
     try:
@@ -87,6 +113,11 @@ def probe(
             {"wedged": True},
         ) from None
     except OSError:
+        s.close()
+        raise
+    try:
+        prove_peer(s, layout.socket)
+    except BaseException:
         s.close()
         raise
     conn = _Conn(s)
@@ -177,8 +208,11 @@ class SyncClient:
         """
         self._ids += 1
         rid = self._ids
+        args = args or {}
+        if op in CREATING_OPS:
+            args = creator_args(args)
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": op,
-                 "args": args or {}}
+                 "args": args}
         budget = RETRY_FOR if retry_for is None else retry_for
         deadline = time.monotonic() + budget
         delay = 0.025

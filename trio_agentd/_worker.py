@@ -20,6 +20,7 @@ abandon an accepted command: the retry on the next connection waits for it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -34,7 +35,7 @@ from typing import Any
 
 import trio
 
-from . import _journal
+from . import _fs, _journal
 from ._errors import AgentdError, ErrorCode
 from ._fence import Claim, Fence
 from ._identity import own_start_id, peer_credentials, read_start_id
@@ -71,13 +72,16 @@ class WorkerConfig:
     journal: str
     session_dir: str
     cwd: str
+    agent_path: tuple[str, ...] = ()  # where a module:attribute agent is imported from
 
     def to_json(self) -> str:
         return json.dumps({k: getattr(self, k) for k in self.__slots__})
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["agent_path"] = tuple(fields.get("agent_path") or ())
+        return cls(**fields)
 
 
 class Journal:
@@ -93,10 +97,10 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.state = _journal.parse(path.read_bytes() if path.exists() else b"")
+        _fs.ensure_dir(path.parent)
+        self.state = _journal.parse(_fs.read_bytes(path) or b"")
         self._lines = len(self.state.accepted) + len(self.state.completed)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd = _fs.open_trusted(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
             os.write(self._fd, b"\n")  # seal a truncated tail so the next record parses
         self.written = 0  # sequence number of the last record written
@@ -663,9 +667,9 @@ async def _closing(chunks: AsyncIterator[str]) -> AsyncIterator[None]:
                 await aclose()
 
 
-def _registry_watcher(registry: Path) -> Any:
+def _registry_watcher(registry: Path, *, poll: bool) -> Any:
     """An inotify watcher on the registry, or None where there is none (then: polling)."""
-    if os.environ.get("TRIO_AGENTD_REFENCE_POLL") == "1":
+    if poll:
         return None
     try:
         from ._inotify import Watcher
@@ -703,13 +707,16 @@ async def run_worker(
     config: WorkerConfig,
     timing: Timing = DEFAULT_TIMING,
     on_ready: Callable[[], None] = lambda: None,
+    *,
+    poll_refence: bool = False,
 ) -> None:
     """The worker process's main: bind the private socket, serve until stopped or signalled."""
     from ._fs import read_bytes
+    from ._trust import prove_socket_dir
 
     registry = Path(config.registry)
-    agent = load_agent(config.agent)
-    watcher = _registry_watcher(registry)
+    agent = load_agent(config.agent, config.agent_path)
+    watcher = _registry_watcher(registry, poll=poll_refence)
 
     def watch_claims(generation: str) -> None:
         if watcher is not None:
@@ -740,6 +747,7 @@ async def run_worker(
         wait_change=wait_change if watcher is not None else None,
     )
     path = config.worker_socket
+    prove_socket_dir(os.path.dirname(path))  # never bind where another user can listen
     sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -797,9 +805,15 @@ def main() -> None:
     os.close(devnull)
     with contextlib.suppress(OSError):
         os.chdir(config.cwd)
+    os.umask(0o077)  # the worker's own files; agents' children get the umask they set
     from .timing import timing_from_env
 
-    trio.run(run_worker, config, timing_from_env(), _signal_ready)
+    timing = timing_from_env()
+    poll = os.environ.get("TRIO_AGENTD_REFENCE_POLL") == "1"
+    # no variable of the daemon's reaches an agent (the session's environment stays)
+    for name in [k for k in os.environ if k.startswith("TRIO_AGENTD_")]:
+        del os.environ[name]
+    trio.run(functools.partial(run_worker, config, timing, _signal_ready, poll_refence=poll))
 
 
 def _signal_ready() -> None:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DOCTOR = 0, 1, 2, 3
 
-_GLOBAL_WITH_VALUE = {"--socket", "--daemon-socket", "--home"}
+_GLOBAL_WITH_VALUE = {"--socket", "--daemon-socket", "--home", "--registry"}
 
 
 def _rewrite(argv: list[str]) -> list[str]:
@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--socket", "--daemon-socket", dest="socket", help="supervisor socket path")
     p.add_argument("--home", help="state directory (default: platform state dir)")
+    # the ownership registry (TRIO_AGENTD_REGISTRY_DIR); autostart passes it to the daemon
+    p.add_argument("--registry", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -111,7 +113,7 @@ def run(argv: list[str]) -> int:
         parser.print_usage(sys.stderr)
         return EXIT_USAGE
     try:
-        layout = Layout.resolve(socket=args.socket, home=args.home)
+        layout = Layout.resolve(socket=args.socket, home=args.home, registry=args.registry)
         match args.command:
             case "daemon":
                 return _cmd_daemon(layout, args)
@@ -333,9 +335,14 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
 
     import trio
 
+    from ._fs import ensure_dir
     from ._supervisor import Supervisor, SupervisorConfig
 
-    layout.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # a daemon holds no client's cwd (or its mount) busy, and nothing it creates is readable
+    # by others whatever umask it was started with
+    os.chdir("/")
+    os.umask(0o077)
+    ensure_dir(layout.state_dir)
     _setup_logging(layout, verbose=args.verbose)
     log = logging.getLogger("trio_agentd.supervisor")
     from .timing import timing_from_env

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,6 @@ from trio_agentd._paths import (
     default_registry_dir,
     default_socket,
     default_socket_dir,
-    ensure_private_dir,
     normalize_socket_path,
     socket_key,
 )
@@ -267,115 +264,3 @@ def test_check_socket_path_counts_bytes_not_characters() -> None:
     assert len(path) == 107
     with pytest.raises(AgentdError, match="108 bytes"):
         check_socket_path(path)
-
-
-# --- ensure_private_dir -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def umask_022() -> Iterator[None]:
-    """The usual umask, which lets group and others read: creation must still give 0700."""
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
-
-
-def test_ensure_private_dir_creates_a_missing_dir_as_0700(tmp_path: Path, umask_022: None) -> None:
-    target = tmp_path / "sock"
-    ensure_private_dir(str(target))
-    assert target.is_dir()
-    assert _mode(target) == 0o700
-
-
-def test_ensure_private_dir_creates_missing_parents(tmp_path: Path, umask_022: None) -> None:
-    target = tmp_path / "a" / "b" / "sock"
-    ensure_private_dir(str(target))
-    assert _mode(target) == 0o700
-
-
-def test_ensure_private_dir_without_create_refuses_a_missing_dir(tmp_path: Path) -> None:
-    target = tmp_path / "sock"
-    with pytest.raises(AgentdError) as info:
-        ensure_private_dir(str(target), create=False)
-    assert info.value.code == "config"
-    assert info.value.message == f"socket directory {target} does not exist — create it (mode 0700)"
-    assert not target.exists()
-
-
-def test_ensure_private_dir_accepts_an_existing_0700_dir(tmp_path: Path) -> None:
-    target = tmp_path / "sock"
-    target.mkdir(mode=0o700)
-    os.chmod(target, 0o700)
-    ensure_private_dir(str(target))
-    assert _mode(target) == 0o700
-
-
-@pytest.mark.parametrize("mode", [0o755, 0o750, 0o701, 0o710, 0o770, 0o777, 0o704])
-def test_ensure_private_dir_refuses_group_or_other_access(tmp_path: Path, mode: int) -> None:
-    target = tmp_path / "sock"
-    target.mkdir()
-    os.chmod(target, mode)
-    with pytest.raises(AgentdError) as info:
-        ensure_private_dir(str(target))
-    assert info.value.code == "permission_denied"
-    assert info.value.message == (
-        f"socket directory {target} has mode {mode:04o}, must be 0700 — run: chmod 700 {target}"
-    )
-    assert _mode(target) == mode  # refused, not silently changed
-
-
-def test_ensure_private_dir_refuses_0755_naming_chmod_700(tmp_path: Path) -> None:
-    target = tmp_path / "sock"
-    target.mkdir()
-    os.chmod(target, 0o755)
-    with pytest.raises(AgentdError, match=r"mode 0755.*chmod 700 "):
-        ensure_private_dir(str(target))
-
-
-def test_ensure_private_dir_refuses_a_file(tmp_path: Path) -> None:
-    target = tmp_path / "sock"
-    target.write_bytes(b"")
-    with pytest.raises(AgentdError) as info:
-        ensure_private_dir(str(target))
-    assert info.value.code == "config"
-    assert info.value.message == f"socket directory {target} is not a directory"
-
-
-def test_ensure_private_dir_refuses_a_symlink_to_a_private_dir(tmp_path: Path) -> None:
-    real = tmp_path / "real"
-    real.mkdir(mode=0o700)
-    os.chmod(real, 0o700)
-    link = tmp_path / "sock"
-    link.symlink_to(real)
-    with pytest.raises(AgentdError, match="is not a directory"):
-        ensure_private_dir(str(link))
-
-
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root to chown to another uid")
-def test_ensure_private_dir_refuses_a_dir_owned_by_another_uid(tmp_path: Path) -> None:
-    target = tmp_path / "sock"
-    target.mkdir(mode=0o700)
-    os.chmod(target, 0o700)
-    os.chown(target, 54321, -1)
-    with pytest.raises(AgentdError) as info:
-        ensure_private_dir(str(target))
-    assert info.value.code == "permission_denied"
-    assert info.value.message == (
-        f"socket directory {target} is owned by uid 54321, not {os.getuid()}"
-        " — use a directory you own (--socket)"
-    )
-
-
-def test_ensure_private_dir_creates_a_missing_dir_spelled_with_trailing_slash(
-    tmp_path: Path, umask_022: None
-) -> None:
-    # Regression: makedirs(dirname("x/")) used to create x itself with mode 0755, then refuse it.
-    target = tmp_path / "sock"
-    ensure_private_dir(f"{target}/")
-    assert _mode(target) == 0o700

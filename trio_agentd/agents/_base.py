@@ -8,8 +8,10 @@ builds the agent with :func:`load_agent`, which checks the same syntax first.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -85,11 +87,25 @@ def validate_agent_spec(spec: str) -> None:
         raise _unknown(spec)
 
 
-def load_agent(spec: str) -> Agent:
+@contextlib.contextmanager
+def _import_path(path: Sequence[str]) -> Iterator[None]:
+    added = [p for p in path if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for p in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)
+
+
+def load_agent(spec: str, path: Sequence[str] = ()) -> Agent:
     """Build the agent a spec names.
 
     ``echo``, ``shell`` and ``exec:COMMAND`` are built in; ``module:attribute`` imports
-    ``module`` and calls ``attribute()`` (a factory taking no arguments).
+    ``module`` and calls ``attribute()`` (a factory taking no arguments). The import looks in
+    ``path`` first (the session's cwd and its ``PYTHONPATH``), for that import alone: the
+    worker itself never imports from where it happens to be.
 
     Raises:
         AgentdError: ``bad_request`` for a malformed spec, a module or attribute that cannot be
@@ -112,7 +128,8 @@ def load_agent(spec: str) -> Agent:
     assert parts is not None  # validated above
     module_name, attr = parts
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        with _import_path(path):
+            factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise AgentdError(
             ErrorCode.BAD_REQUEST, f"cannot load agent {spec!r}: {exc}"

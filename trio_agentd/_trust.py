@@ -1,0 +1,213 @@
+"""The trust boundary is the uid: proofs that a directory, a file or a socket peer is ours.
+
+Every client proves a socket before it sends a byte (:func:`prove_socket_dir` before connecting,
+:func:`prove_peer` after); the supervisor and the workers prove the socket dir before every bind;
+every directory the daemon creates is made 0700 whatever the umask (:func:`make_private_dirs`);
+files another user could have written are refused by ``_fs.read_bytes``.
+
+The verdicts are pure functions of a stat result and our uid (:func:`dir_problem`,
+:func:`file_problem`), so the unit tests can feed them faked ``stat`` results; the rest is a thin
+shell of ``lstat``/``mkdir``/``getsockopt`` calls. Kept free of trio and cheap to import: the
+CLI's warm path proves its socket on every command.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+from ._errors import AgentdError, ErrorCode
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Protocol
+
+    class _Socket(Protocol):
+        def getsockopt(self, level: int, option: int, buflen: int, /) -> bytes: ...
+
+
+def dir_problem(st: os.stat_result, uid: int, *, private: bool) -> str | None:
+    """Why a directory (its ``lstat``) is not trusted, or ``None`` if it is.
+
+    ``private``: no group or other permission bits at all (a socket dir); otherwise only no
+    group or other *write* bit (a state dir: nobody else can add or replace files in it).
+    """
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != uid:
+        return f"is owned by uid {st.st_uid}, not by you (uid {uid})"
+    if private and mode & 0o077:
+        return f"has mode {mode:04o} (group or others may use it), not 0700"
+    if mode & 0o022:
+        return f"has mode {mode:04o} (group or others may write in it)"
+    return None
+
+
+def file_problem(st: os.stat_result, uid: int) -> str | None:
+    """Why a state file (its ``fstat``) is not trusted, or ``None`` if it is."""
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != uid:
+        return f"is owned by uid {st.st_uid}, not by you (uid {uid})"
+    if mode & 0o022:
+        return f"has mode {mode:04o} (group or others may write it)"
+    return None
+
+
+def _refuse(kind: str, path: str, problem: str, fix: str) -> AgentdError:
+    return AgentdError(
+        ErrorCode.PERMISSION_DENIED,
+        f"{kind} {path} {problem} — not trusted, nothing was sent; {fix}",
+        {"path": path, "untrusted": problem},
+    )
+
+
+def prove_socket_dir(path: str) -> None:
+    """The socket dir is a real directory of ours with mode 0700 (no group/other bits).
+
+    Raises:
+        AgentdError: ``permission_denied`` naming the path, what is wrong and the fix;
+            ``daemon_unavailable`` if it does not exist (nothing can listen there).
+    """
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise AgentdError(
+            ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor is running on {path} (no such directory)"
+        ) from None
+    problem = dir_problem(st, os.getuid(), private=True)
+    if problem is not None:
+        raise _refuse(
+            "socket directory", path, problem,
+            "remove it if it is not yours, or use another --socket"
+            if st.st_uid != os.getuid() or stat.S_ISLNK(st.st_mode)
+            else f"remove it (rm -r {path}) or run: chmod 700 {path}",
+        )
+
+
+def peer_uid(sock: _Socket) -> int | None:
+    """The uid of a connected Unix-socket peer (``SO_PEERCRED``), or ``None`` where the OS has
+    no such option (there the socket dir's proof stands alone)."""
+    import socket as _socket
+
+    option = getattr(_socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    import struct
+
+    raw = sock.getsockopt(_socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    return int(struct.unpack("3i", raw)[1])
+
+
+def prove_peer(sock: _Socket, path: str) -> None:
+    """The process listening on ``path`` runs as our uid.
+
+    Raises:
+        AgentdError: ``permission_denied`` naming the socket and the peer's uid.
+    """
+    uid = peer_uid(sock)
+    if uid is not None and uid != os.getuid():
+        raise _refuse(
+            "socket", path, f"is served by a process of uid {uid}, not yours (uid {os.getuid()})",
+            "stop that process or use another --socket",
+        )
+
+
+def make_private_dirs(path: str | os.PathLike[str], *, private: bool = False) -> None:
+    """Create ``path`` and its missing parents, each 0700 whatever the umask, and prove it.
+
+    Existing parents are left as they are; an existing ``path`` is never chmodded: if it fails
+    the proof (another owner, writable by others; when ``private``: a symlink, or any
+    group/other bit) it is refused.
+
+    Raises:
+        AgentdError: ``permission_denied`` (or ``config`` when it cannot be created) naming the
+            path, the cause and the fix.
+    """
+    target = os.path.normpath(os.path.abspath(os.fspath(path)))
+    missing: list[str] = []
+    cur = target
+    while not os.path.lexists(cur):
+        missing.append(cur)
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)  # never follows a symlink at d: it would exist
+        except FileExistsError:
+            continue  # made by someone meanwhile: proven below if it is the target
+        except OSError as exc:
+            raise AgentdError(
+                ErrorCode.CONFIG,
+                f"cannot create directory {d}: {exc.strerror} — check the permissions of"
+                f" {os.path.dirname(d)}",
+                {"path": d},
+            ) from None
+        os.chmod(d, 0o700)  # a umask of 0777 would have left it 0000
+    # a socket dir must not be a symlink; a state dir may be one (a home moved to another
+    # disk), and then what it points to is proven
+    st = os.lstat(target) if private else os.stat(target)
+    problem = dir_problem(st, os.getuid(), private=private)
+    if problem is not None:
+        kind = "socket directory" if private else "directory"
+        raise AgentdError(
+            ErrorCode.PERMISSION_DENIED,
+            f"{kind} {target} {problem} — not trusted; remove it if it is not yours, or"
+            f" fix it (chmod 700 {target})",
+            {"path": target, "untrusted": problem},
+        )
+
+
+def isolated_python(module: str) -> list[str]:
+    """The argv prefix of every process we start: nothing imported from the cwd (``-P``) or
+    from ``PYTHON*`` variables (``-E``); the installed package and its dependencies only."""
+    return [sys.executable, "-E", "-P", "-m", module]
+
+
+# --- what reaches an agent ---------------------------------------------------------------------
+
+# the daemon's own knobs a worker reads at start (and then removes from its environment)
+WORKER_KNOBS = ("TRIO_AGENTD_TIMING", "TRIO_AGENTD_REFENCE_POLL")
+
+
+def agent_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """What an agent sees: the creating client's environment minus the daemon's variables."""
+    return {k: v for k, v in env.items() if not k.startswith("TRIO_AGENTD_")}
+
+
+def session_environment(meta: Mapping[str, object]) -> dict[str, str]:
+    """The environment recorded for a session at its creation (``env`` of its metadata).
+
+    A session recorded before environments were (or by a client that sent none) gets the
+    daemon's own environment, minus the daemon's variables.
+    """
+    env = meta.get("env")
+    if isinstance(env, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        return agent_environment(env)
+    return agent_environment(os.environ)
+
+
+def daemon_knobs(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: env[k] for k in WORKER_KNOBS if k in env}
+
+
+def agent_import_path(cwd: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    """Where a ``module:attribute`` agent is imported from: the session's cwd, then the
+    ``PYTHONPATH`` of the environment it was created with (relative entries from the cwd)."""
+    out: list[str] = [cwd]
+    for entry in env.get("PYTHONPATH", "").split(os.pathsep):
+        if entry:
+            path = os.path.normpath(os.path.join(cwd, entry))
+            if path not in out:
+                out.append(path)
+    return tuple(out)
