@@ -29,9 +29,11 @@ from ._doctor_plan import (
     classify,
     remedy,
 )
+from ._errors import AgentdError, ErrorCode
 from ._identity import Liveness, liveness, read_start_id, signal_identity_checked
 from ._ownership import CorruptRecord, OwnerRecord, Scope
 from ._paths import Layout, default_socket_dir, normalize_socket_path
+from ._trust import prove_peer, prove_socket_dir
 from ._version import APP_VERSION, PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
@@ -140,10 +142,24 @@ def discover(layout: Layout) -> list[str]:
     return sorted(normalize_socket_path(s) for s in sockets)
 
 
+class Untrusted(Exception):
+    """The socket's dir or its listening peer is not ours: nothing was read or sent."""
+
+
 def probe_hello(
     path: str, timing: Timing | ClientTiming = CLIENT
 ) -> tuple[bool, bool, dict[str, Any] | None]:
-    """``(socket file exists, accepts connections, hello or None)`` — no commands sent."""
+    """``(socket file exists, accepts connections, hello or None)`` — no commands sent.
+
+    Raises:
+        Untrusted: the socket's dir or its peer failed the proof (the message says why).
+    """
+    try:
+        prove_socket_dir(os.path.dirname(path))
+    except AgentdError as exc:
+        if exc.code == ErrorCode.DAEMON_UNAVAILABLE:
+            return False, False, None
+        raise Untrusted(str(exc.details.get("untrusted", exc.message))) from None
     exists = os.path.lexists(path)
     if not exists:
         return False, False, None
@@ -154,6 +170,11 @@ def probe_hello(
     except OSError:
         s.close()
         return True, False, None
+    try:
+        prove_peer(s, path)
+    except AgentdError as exc:
+        s.close()
+        raise Untrusted(str(exc.details.get("untrusted", exc.message))) from None
     try:
         s.settimeout(timing.hello_timeout)
         data = b""
@@ -177,7 +198,13 @@ def observe(
     socket: str, layout: Layout, *, timing: Timing | ClientTiming = CLIENT,
     records: list[Record] | None = None, descriptors: list[dict[str, Any]] | None = None,
 ) -> tuple[Observation, Record | None]:
-    exists, accepts, raw = probe_hello(socket, timing)
+    try:
+        exists, accepts, raw = probe_hello(socket, timing)
+    except Untrusted as exc:
+        obs = Observation(socket=socket, is_default=(socket == layout.socket),
+                          socket_file=os.path.lexists(socket), accepts=False,
+                          untrusted=str(exc))
+        return obs, None
     records = _records(layout.registry) if records is None else records
     by_gen = {r.generation: r for r in records}
     hello: Hello | None = None
@@ -399,7 +426,10 @@ class RealHooks:
     def wait_hello(self, sock: str, old_generation: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.timing.startup_timeout
         while time.monotonic() < deadline:
-            _, _, hello = probe_hello(sock, self.timing)
+            try:
+                _, _, hello = probe_hello(sock, self.timing)
+            except Untrusted:
+                return None  # someone else's now: not what we launched
             if hello is not None and hello.get("generation") != old_generation:
                 return hello
             time.sleep(self.timing.probe_interval)

@@ -34,9 +34,12 @@ class Status(enum.StrEnum):
     OWNERSHIP_LOST = "ownership-lost"
     UNREACHABLE = "unreachable"
     ORPHAN_FILE = "orphan-file"
+    FOREIGN = "foreign"  # its dir or its listening process is not ours: never touched
 
 
-PROBLEMS = frozenset({Status.OWNERSHIP_LOST, Status.UNREACHABLE, Status.ORPHAN_FILE})
+PROBLEMS = frozenset(
+    {Status.OWNERSHIP_LOST, Status.UNREACHABLE, Status.ORPHAN_FILE, Status.FOREIGN}
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +80,8 @@ class Observation:
     socket_records: tuple[Record, ...] = ()
     tracked_workers: int = 0  # live workers whose descriptors name this socket
     sessions: int = 0  # descriptors for this socket
+    # why the socket's dir or its peer is not ours (then nothing was sent to it)
+    untrusted: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +103,8 @@ OUR_PROTOCOL = 1
 def classify(obs: Observation, *, protocol: int, app_version: str) -> Verdict | None:
     """The status of one socket, or ``None`` when nothing of ours is there."""
     live = [r for r in obs.socket_records if r.alive]
+    if obs.untrusted is not None:
+        return Verdict(status=Status.FOREIGN, cause=obs.untrusted)
     if obs.hello is not None:
         h = obs.hello
         if h.protocol != protocol or h.app_version != app_version or h.generation is None:
@@ -161,6 +168,9 @@ def remedy(socket: str, verdict: Verdict) -> str | None:
         case Status.STALE:
             return (f"! {socket}: supervisor runs another version ({verdict.cause}) — run"
                     " `trio-agentd restart`")
+        case Status.FOREIGN:
+            return (f"! {socket}: not yours ({verdict.cause}) — nothing was sent to it and"
+                    " doctor never touches it; remove it if you can, or use another --socket")
         case Status.CURRENT | Status.STARTING | Status.STOPPING:
             return None
 
@@ -227,5 +237,9 @@ def plan_repair(socket: str, verdict: Verdict, *, home_proven: bool, home: str) 
                     " (no generations/<g>/ there) — run doctor with the --home it was started"
                     " with"))
             return Repair(socket=socket, verdict=verdict, steps=WEDGED_STEPS)
+        case Status.FOREIGN:
+            return Repair(socket=socket, verdict=verdict, declined=(
+                f"it is not yours ({verdict.cause}): trio-agentd never signals, removes or"
+                " talks to what another user may control"))
         case Status.CURRENT | Status.STARTING | Status.STOPPING | Status.STALE:
             return None

@@ -22,6 +22,7 @@ _COLOURS = {
     Status.OWNERSHIP_LOST: "31",
     Status.UNREACHABLE: "31",
     Status.ORPHAN_FILE: "33",
+    Status.FOREIGN: "35",
 }
 
 

@@ -26,6 +26,10 @@ def shutdown_many(layout: Layout, *, every: bool, force: bool, as_json: bool) ->
         entry: dict[str, Any] = {"socket": f.socket, "status": str(v.status), "pid": v.pid,
                                  "generation": v.generation, "stopped": False, "how": None}
         target = Layout(home=layout.home, socket=f.socket, registry=layout.registry)
+        if v.status is Status.FOREIGN:
+            entry.update(stopped=True, how=f"not yours ({v.cause}): left alone")
+            results.append(entry)
+            continue
         if f.observation.hello is not None and v.status is not Status.UNREACHABLE:
             try:
                 client = SyncClient(target, autostart=False)
