@@ -13,8 +13,8 @@ bits, not a symlink) before sending a byte, and the peer's uid (SO_PEERCRED) aft
 on failure exit 1 with one line ``trio-agentd: error: ...`` naming the path, and the listener
 gets zero bytes.
 
-Each test that shows a hole on the pre-fix code is ``xfail(strict=True)``; the reason names the
-contract item it waits for, (a)..(f), and its fix removes the marker.
+Each test showed its hole on the code before the proofs existed (the prompt reached the
+attacker, evil.sh ran, the supervisor imported from the client's cwd, ...).
 """
 
 from __future__ import annotations
@@ -249,7 +249,6 @@ def bound_paths(pid: int) -> set[str]:
 # --- 1, 2: the fallback socket dir in a shared /tmp ---------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (b) prompt sent into attacker-owned fallback dir")
 def test_attacker_precreated_fallback_dir_gets_no_byte_of_the_prompt(
     shared: Path, denv: DaemonEnv
 ) -> None:
@@ -279,7 +278,6 @@ def _attacker_symlink(shared: Path) -> Path:
     return target
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (b) client uses a 0777 or symlinked fallback dir")
 @pytest.mark.parametrize("make", [_root_0777, _attacker_symlink], ids=["root-0777", "symlink"])
 def test_unsafe_fallback_dir_is_refused_never_reused_or_chmodded(
     shared: Path, denv: DaemonEnv, make: Any
@@ -300,7 +298,6 @@ def test_unsafe_fallback_dir_is_refused_never_reused_or_chmodded(
 # --- 3: XDG_RUNTIME_DIR owned by the attacker; a root-owned dir with an attacker peer ----------
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (a) client does not prove the socket dir")
 def test_attacker_owned_runtime_dir_swapped_under_a_running_supervisor(shared: Path) -> None:
     # sudo -E: XDG_RUNTIME_DIR still names the other user's runtime dir
     xdg = shared / "xdg"
@@ -324,7 +321,6 @@ def test_attacker_owned_runtime_dir_swapped_under_a_running_supervisor(shared: P
             assert_refused(cp, sock_dir)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (a) client does not check SO_PEERCRED")
 def test_listener_of_another_uid_in_our_own_private_dir_is_refused(
     shared: Path, denv: DaemonEnv
 ) -> None:
@@ -340,7 +336,6 @@ def test_listener_of_another_uid_in_our_own_private_dir_is_refused(
 # --- 4: the supervisor re-binds only into a proven dir ------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (c) self-check rebinds into an attacker dir")
 def test_supervisor_does_not_rebind_into_a_dir_the_attacker_recreated(
     shared: Path, denv: DaemonEnv
 ) -> None:
@@ -397,7 +392,6 @@ def _modes(env: DaemonEnv, sock_dir: Path) -> list[str]:
     return bad
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (d) home, daemons/, sessions/ 0777 at umask 0")
 def test_every_dir_is_0700_under_umask_000(denv: DaemonEnv) -> None:
     # the client creates the socket dir too: no TRIO_AGENTD_SOCKET, the XDG default
     cp = run_cli(denv, "-p", "-s", "work", "hi", unset=("TRIO_AGENTD_SOCKET",), umask=0)
@@ -417,7 +411,6 @@ def _plant_world_writable(meta: Path) -> None:
     os.chmod(meta, 0o666)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (d) planted session.json picks the agent")
 @pytest.mark.parametrize("plant", [_plant_foreign_owner, _plant_world_writable],
                          ids=["owned-by-attacker", "world-writable"])
 def test_planted_session_metadata_never_runs_its_agent(denv: DaemonEnv, plant: Any) -> None:
@@ -455,7 +448,6 @@ def _shadow_dir(where: Path, markers: Path) -> Path:
     return where
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (e) supervisor imports from the client's cwd")
 def test_shadowing_modules_in_the_client_cwd_are_never_imported(denv: DaemonEnv) -> None:
     markers = denv.root / "markers"
     markers.mkdir()
@@ -481,7 +473,6 @@ def test_shadowing_modules_in_a_session_cwd_are_never_imported(denv: DaemonEnv) 
     assert sorted(os.listdir(markers)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (e) supervisor keeps client's cwd and umask")
 def test_autostarted_supervisor_leaves_the_client_cwd_and_has_umask_077(
     denv: DaemonEnv,
 ) -> None:
@@ -512,13 +503,11 @@ def _assert_clean(lines: list[str]) -> None:
     assert "MY_CLIENT_VAR=1" in lines  # set only in the client that created the session
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (f) agents get the supervisor's env")
 def test_agent_environment_after_autostart(denv: DaemonEnv) -> None:
     assert run_cli(denv, "-p", "-s", "warm", "hi").returncode == 0  # autostart, no MY_CLIENT_VAR
     _assert_clean(_agent_env(denv, "envs"))
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (f) admission ticket leaks to agents")
 def test_agent_environment_after_doctor_fix_has_no_admission_ticket() -> None:
     with daemon_env(extra_env={"TRIO_AGENTD_SELF_HEAL": "0"}) as env:
         assert run_cli(env, "-p", "-s", "keep", "one").returncode == 0
@@ -547,7 +536,6 @@ def bystander() -> Iterator[subprocess.Popen[bytes]]:
         proc.communicate(timeout=10)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: (a) ps trusts a foreign hello")
 def test_ps_reports_a_foreign_socket_and_doctor_fix_leaves_it_alone(
     shared: Path, denv: DaemonEnv
 ) -> None:
