@@ -813,7 +813,11 @@ def main() -> None:
     # no variable of the daemon's reaches an agent (the session's environment stays)
     for name in [k for k in os.environ if k.startswith("TRIO_AGENTD_")]:
         del os.environ[name]
-    trio.run(functools.partial(run_worker, config, timing, _signal_ready, poll_refence=poll))
+    try:
+        trio.run(functools.partial(run_worker, config, timing, _signal_ready, poll_refence=poll))
+    except (AgentdError, _fs.UntrustedFile, OSError) as exc:
+        # one line for the supervisor to pass on (it quotes the tail of this log)
+        sys.exit(f"trio-agentd worker for session {config.session_id}: cannot start: {exc}")
 
 
 def _signal_ready() -> None:

@@ -213,6 +213,7 @@ def test_sessions_without_live_workers_are_not_a_supervisor() -> None:
         (Status.OWNERSHIP_LOST, True),
         (Status.UNREACHABLE, True),
         (Status.ORPHAN_FILE, True),
+        (Status.FOREIGN, True),
     ],
 )
 def test_which_statuses_are_problems(status: Status, problem: bool) -> None:
@@ -223,7 +224,7 @@ def test_which_statuses_are_problems(status: Status, problem: bool) -> None:
 def test_status_strings() -> None:
     assert [str(s) for s in Status] == [
         "current", "starting", "stopping", "stale", "ownership-lost", "unreachable",
-        "orphan-file",
+        "orphan-file", "foreign",
     ]
 
 
@@ -293,6 +294,36 @@ def test_stopping_supervisor_that_closed_its_listener_is_not_a_problem() -> None
     obs = Observation(socket=SOCK, socket_file=False, accepts=False, socket_records=(rec,))
     verdict = judge(obs)
     assert verdict is None or not verdict.problem
+
+
+# --- foreign: a socket whose dir or peer is not ours --------------------------------------------
+
+UNTRUSTED = "is served by a process of uid 65534, not yours (uid 1000)"
+FOREIGN_OBS = Observation(socket=SOCK, socket_file=True, accepts=False, untrusted=UNTRUSTED)
+
+
+def test_foreign_wins_over_everything_else_it_may_claim() -> None:
+    # a fake hello naming our own generation, pid and record is still someone else's socket
+    obs = replace(ANSWERING, untrusted=UNTRUSTED)
+    assert judge(obs) == Verdict(status=Status.FOREIGN, cause=UNTRUSTED)
+    assert judge(FOREIGN_OBS) == Verdict(status=Status.FOREIGN, cause=UNTRUSTED)
+
+
+def test_foreign_is_never_repaired_whatever_it_claims() -> None:
+    verdict = Verdict(status=Status.FOREIGN, cause=UNTRUSTED, generation=GEN, pid=PID,
+                      start_id=START)
+    repair = plan_repair(SOCK, verdict, home_proven=True, home=HOME)
+    assert repair is not None
+    assert repair.steps == ()
+    assert repair.declined is not None and "not yours" in repair.declined
+
+
+def test_remedy_for_foreign_says_nothing_was_sent() -> None:
+    line = remedy(SOCK, Verdict(status=Status.FOREIGN, cause=UNTRUSTED))
+    assert line == (
+        f"! {SOCK}: not yours ({UNTRUSTED}) — nothing was sent to it and doctor never touches"
+        " it; remove it if you can, or use another --socket"
+    )
 
 
 # --- remedy --------------------------------------------------------------------------------------
