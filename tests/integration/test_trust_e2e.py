@@ -81,7 +81,8 @@ def test_cli_refuses_a_socket_dir_others_may_enter_and_sends_nothing(denv: Daemo
     finally:
         listener.close()
     assert cp.returncode == 1
-    assert cp.stderr.count("\n") == 1 and "Traceback" not in cp.stderr
+    assert cp.stderr.count("\n") == 1
+    assert "Traceback" not in cp.stderr
     assert cp.stderr.startswith(f"trio-agentd: error: socket directory {denv.root / 's'}")
     assert "chmod 700" in cp.stderr
     assert listener.received == b""

@@ -315,7 +315,8 @@ def test_foreign_is_never_repaired_whatever_it_claims() -> None:
     repair = plan_repair(SOCK, verdict, home_proven=True, home=HOME)
     assert repair is not None
     assert repair.steps == ()
-    assert repair.declined is not None and "not yours" in repair.declined
+    assert repair.declined is not None
+    assert "not yours" in repair.declined
 
 
 def test_remedy_for_foreign_says_nothing_was_sent() -> None:

@@ -55,7 +55,8 @@ def test_a_state_dir_others_can_only_read_is_trusted(mode: int) -> None:
 @pytest.mark.parametrize("mode", [0o720, 0o702, 0o777, 0o1777])
 def test_a_state_dir_others_can_write_in_is_refused(mode: int) -> None:
     problem = dir_problem(_st(stat.S_IFDIR, mode), ME, private=False)
-    assert problem is not None and "may write in it" in problem
+    assert problem is not None
+    assert "may write in it" in problem
 
 
 def test_a_dir_of_another_uid_is_refused_even_if_private() -> None:
