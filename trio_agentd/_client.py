@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import os
 import socket as _socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -20,7 +21,18 @@ import trio
 
 from ._errors import AgentdError, ErrorCode, single_errors
 from ._paths import Layout, check_socket_path
-from ._protocol import PROTOCOL_VERSION, Event, Hello, Request, Response, error_of
+from ._protocol import (
+    PROTOCOL_VERSION,
+    Attach,
+    AuthOk,
+    Dropped,
+    Event,
+    Hello,
+    Request,
+    Response,
+    WorkerHello,
+    error_of,
+)
 from ._stream import MessageStream
 from ._syncclient import CREATING_OPS, creator_args
 from ._trust import isolated_python, prove_peer, prove_socket_dir
@@ -28,6 +40,10 @@ from .timing import DEFAULT_TIMING, Timing
 
 RETRY_FOR = 60.0
 _RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
+# a direct route that fails with these goes back to the supervisor for a new one
+_REROUTE = frozenset({ErrorCode.WORKER_UNAVAILABLE, ErrorCode.GRANT_REFUSED})
+_GRANT_MARGIN = 5.0  # seconds: a grant this close to its expiry is renewed before use
+_EVENTS_BUFFERED = 64  # per request; a consumer that falls behind pauses the connection
 _NO_RESEND = frozenset({"shutdown", "restart"})
 
 
@@ -38,13 +54,16 @@ class _Lost(Exception):
 class _Connection:
     """One connection and its reader task, routing responses and events by request id."""
 
-    def __init__(self, ms: MessageStream, hello: Hello) -> None:
+    def __init__(self, ms: MessageStream, hello: Hello | None) -> None:
         self.ms = ms
-        self.hello = hello
+        self.hello = hello  # None on a direct route to a worker
         self.pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
         self.closed = False
 
     async def run_reader(self) -> None:
+        """Route responses and events by request id. A request whose consumer does not keep up
+        stops this reader (bounded channel, awaited): the peer's sends then block, and so does
+        the agent behind them — backpressure, never a dropped chunk or an unbounded buffer."""
         try:
             while True:
                 msg = await self.ms.receive()
@@ -53,8 +72,8 @@ class _Connection:
                 if isinstance(msg, Response | Event) and isinstance(msg.id, int):
                     chan = self.pending.get(msg.id)
                     if chan is not None:
-                        with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
-                            chan.send_nowait(msg)
+                        with contextlib.suppress(trio.BrokenResourceError):
+                            await chan.send(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
             pass
         finally:
@@ -83,10 +102,16 @@ class Client:
         self._conn: _Connection | None = None
         self._connect_lock = trio.Lock()
         self.reconnects = 0
+        # the data plane: per session, the supervisor's route and a direct worker connection
+        self._routes: dict[str, dict[str, Any]] = {}
+        self._direct: dict[str, _Connection] = {}
+        self._attach_lock = trio.Lock()
+        self.reroutes = 0
 
     @property
     def hello(self) -> Hello:
         assert self._conn is not None
+        assert self._conn.hello is not None
         return self._conn.hello
 
     async def _connection(self) -> _Connection:
@@ -105,8 +130,17 @@ class Client:
         args: dict[str, Any],
         on_event: Callable[[dict[str, Any]], Any] | None,
     ) -> Any:
-        conn = await self._connection()
-        send, recv = trio.open_memory_channel[Response | Event](1024)
+        return await self._exchange_on(await self._connection(), rid, op, args, on_event)
+
+    async def _exchange_on(
+        self,
+        conn: _Connection,
+        rid: int,
+        op: str,
+        args: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], Any] | None,
+    ) -> Any:
+        send, recv = trio.open_memory_channel[Response | Event](_EVENTS_BUFFERED)
         conn.pending[rid] = send
         try:
             try:
@@ -121,9 +155,10 @@ class Client:
                 if msg.ok:
                     return msg.result
                 raise error_of(msg)
-            raise _Lost("the supervisor closed the connection")
+            raise _Lost("the connection closed before the response")
         finally:
             conn.pending.pop(rid, None)
+            recv.close()  # a reader blocked on this request's channel goes on
 
     async def request(
         self,
@@ -145,6 +180,17 @@ class Client:
         args = args or {}
         if op in CREATING_OPS:
             args = creator_args(args)
+        if op == "prompt":
+            return await self._prompt_direct(rid, args, on_event)
+        return await self._request_supervisor(rid, op, args, on_event)
+
+    async def _request_supervisor(
+        self,
+        rid: int,
+        op: str,
+        args: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], Any] | None,
+    ) -> Any:
         budget = 0.0 if op in _NO_RESEND else RETRY_FOR
         deadline = trio.current_time() + budget
         delay = 0.025
@@ -171,6 +217,83 @@ class Client:
             await trio.sleep(delay)
             delay = min(delay * 2, 1.0)
             resent = True
+
+    # the data plane ------------------------------------------------------------------------
+    async def _prompt_direct(
+        self, rid: int, args: dict[str, Any], on_event: Callable[[dict[str, Any]], Any] | None
+    ) -> Any:
+        """A prompt over the session's direct route, with the same command id on every try.
+
+        The supervisor grants the route (creating or recovering the session); the prompt goes
+        to the worker itself. When the route fails (worker gone, grant refused, a supervisor
+        replaced, connection lost) the client asks the supervisor again and resends the same
+        ``(client_id, id)``: the worker's journal runs it at most once.
+        """
+        session = str(args.get("session") or "default")
+        agent = args.get("agent")
+        worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False}
+        deadline = trio.current_time() + RETRY_FOR
+        delay = 0.025
+        fresh = resent = False
+        while True:
+            route = await self._route(session, args, agent, fresh=fresh)
+            try:
+                conn = await self._attached(session, route)
+                return await self._exchange_on(
+                    conn, rid, "prompt", worker_args, None if resent else on_event
+                )
+            except _Lost as exc:
+                error: Exception = exc
+            except AgentdError as exc:
+                if exc.code not in _REROUTE:
+                    raise
+                error = exc
+            self._forget_route(session)
+            self.reroutes += 1
+            if trio.current_time() + delay > deadline:
+                raise AgentdError(
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"session {session}: its worker could not be reached again within"
+                    f" {RETRY_FOR:g}s ({error})",
+                ) from None
+            await trio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            fresh = resent = True
+
+    async def _route(
+        self, session: str, args: dict[str, Any], agent: Any, *, fresh: bool
+    ) -> dict[str, Any]:
+        route = self._routes.get(session)
+        if (
+            fresh
+            or route is None
+            or (agent is not None and agent != route.get("agent"))
+            or float(route.get("expires", 0)) - _GRANT_MARGIN < time.time()
+        ):
+            route_args: dict[str, Any] = {
+                k: args[k] for k in ("session", "agent", "cwd", "env") if k in args
+            }
+            route = dict(await self._request_supervisor(
+                next(self._ids), "route", {**route_args, "session": session}, None
+            ))
+            self._routes[session] = route
+        return route
+
+    async def _attached(self, session: str, route: dict[str, Any]) -> _Connection:
+        async with self._attach_lock:
+            conn = self._direct.get(session)
+            if conn is None or conn.closed:
+                conn = await _attach(route, self.timing)
+                self._direct[session] = conn
+                self._nursery.start_soon(conn.run_reader)
+            return conn
+
+    def _forget_route(self, session: str) -> None:
+        self._routes.pop(session, None)
+        conn = self._direct.pop(session, None)
+        if conn is not None:
+            conn.closed = True
+            self._nursery.start_soon(conn.ms.aclose)
 
     async def prompt(self, session: str, text: str, *, agent: str | None = None) -> str:
         """Send a prompt and return the whole reply."""
@@ -231,6 +354,57 @@ class Client:
 
     async def status(self) -> dict[str, Any]:
         return dict(await self.request("status"))
+
+
+async def _attach(route: dict[str, Any], timing: Timing) -> _Connection:
+    """Connect to a session's worker and present the supervisor's grant.
+
+    Raises:
+        AgentdError: ``worker_unavailable`` (nobody there, or someone else's pid answered),
+            ``grant_refused``, or ``permission_denied`` when the socket is not proven ours.
+    """
+    path = str(route["worker_socket"])
+    try:
+        prove_socket_dir(os.path.dirname(path))
+    except AgentdError as exc:
+        if exc.code != ErrorCode.DAEMON_UNAVAILABLE:
+            raise
+        raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, exc.message) from None
+    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        with trio.fail_after(timing.connect_timeout):
+            await sock.connect(path)
+        prove_peer(sock, path)
+    except (OSError, trio.TooSlowError) as exc:
+        sock.close()
+        raise AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE, f"cannot reach the worker at {path}: {exc}"
+        ) from None
+    except BaseException:
+        sock.close()
+        raise
+    ms = MessageStream(trio.SocketStream(sock))
+    try:
+        with trio.fail_after(timing.hello_timeout):
+            hello = await ms.receive()
+            if not isinstance(hello, WorkerHello) or hello.pid != route.get("worker_pid"):
+                raise AgentdError(ErrorCode.WORKER_UNAVAILABLE,
+                                  f"{path} is not the worker the route named")
+            await ms.send(Attach(grant=str(route["grant"])))
+            reply = await ms.receive()
+        if isinstance(reply, Dropped):
+            raise AgentdError(reply.code, reply.message)
+        if not isinstance(reply, AuthOk):
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, f"the worker at {path} did not admit us")
+    except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await ms.aclose()
+        raise AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE, f"the worker at {path} did not answer"
+        ) from None
+    except BaseException:
+        await ms.aclose()
+        raise
+    return _Connection(ms, None)
 
 
 async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] | None:

@@ -30,6 +30,9 @@ class ErrorCode(StrEnum):
     SUPERVISOR_GENERATION_STALE = "supervisor_generation_stale"
     DAEMON_UNAVAILABLE = "daemon_unavailable"
     CONFIG = "config"
+    # a worker refused a client's direct route (expired, or of a replaced supervisor): the
+    # client asks the supervisor for a new route and resends with the same command id
+    GRANT_REFUSED = "grant_refused"
 
 
 @contextlib.contextmanager

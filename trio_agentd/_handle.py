@@ -23,7 +23,7 @@ import trio
 from trio_util import AsyncValue
 
 from ._errors import AgentdError, ErrorCode
-from ._protocol import Response
+from ._protocol import Notice, Response
 from ._recovery import (
     Action,
     Connect,
@@ -114,6 +114,7 @@ class WorkerHandle:
         self.restarts_loaded = 0  # restarts before this supervisor (from the descriptor)
         # trio clock times: the last prompt, or when supervision began (idle since then)
         self.last_prompt: float | None = None
+        self.busy = False  # a turn is running (as the worker last said)
         self.supervised_since = 0.0
         self.evicted = False
         self.link: WorkerLink | None = None
@@ -148,6 +149,8 @@ class WorkerHandle:
         }
 
     def idle_for(self, now: float) -> float:
+        if self.busy:
+            return 0.0  # a session in the middle of a turn is never idle
         since = self.last_prompt if self.last_prompt is not None else self.supervised_since
         return max(0.0, now - since)
 
@@ -377,8 +380,16 @@ class WorkerHandle:
     def _adopt_link(self, link: WorkerLink) -> None:
         """Make ``link`` current; its reader runs in the handle's nursery for the link's life."""
         self.link = link
+        link.on_notice = self._on_notice
         assert self._readers is not None
         self._readers.start_soon(link.run_reader)
+
+    def _on_notice(self, notice: Notice) -> None:
+        """The worker ran a turn for a client on a direct route: keep count and activity."""
+        self.turns = max(self.turns, notice.turn)
+        self.busy = notice.kind == "turn_started"
+        self.last_prompt = trio.current_time()  # idle counts from the end of the last turn
+        self.evicted = False
 
     async def _graceful_stop(self, link: WorkerLink) -> None:
         with trio.move_on_after(self.timing.stop_grace):

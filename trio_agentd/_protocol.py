@@ -28,6 +28,7 @@ OPS = frozenset(
         "sessions",
         "kill_session",
         "retry_session",
+        "route",
         "restart",
         "shutdown",
     }
@@ -98,6 +99,20 @@ class AuthOk(_Msg, tag="auth_ok"):
     pid: int
 
 
+class Attach(_Msg, tag="attach"):
+    """Sent by a client to a worker, after the worker's hello: the supervisor's route grant."""
+
+    grant: str
+
+
+class Notice(_Msg, tag="notice"):
+    """Sent by a worker to its supervisor, unasked: a turn started or ended (clients prompt the
+    worker directly, so this is how the supervisor knows a session's turns and activity)."""
+
+    kind: str  # "turn_started" | "turn_done"
+    turn: int = 0
+
+
 class Dropped(_Msg, tag="dropped"):
     """Sent by a worker as it drops a supervisor connection (then it closes)."""
 
@@ -105,7 +120,9 @@ class Dropped(_Msg, tag="dropped"):
     message: str
 
 
-Message = Hello | Request | Response | Event | WorkerHello | Auth | AuthOk | Dropped
+Message = (
+    Hello | Request | Response | Event | WorkerHello | Auth | AuthOk | Dropped | Attach | Notice
+)
 
 _encoder = msgspec.json.Encoder()
 _decoder: msgspec.json.Decoder[Message] = msgspec.json.Decoder(Message)

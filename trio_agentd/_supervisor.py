@@ -33,6 +33,7 @@ from trio_util import AsyncValue
 
 from . import _fs
 from ._errors import AgentdError, ErrorCode, single_errors
+from ._grant import make_grant
 from ._handle import WorkerHandle
 from ._identity import is_alive, own_start_id, peer_credentials
 from ._ownership import Phase
@@ -600,6 +601,8 @@ class Supervisor:
                 return h.summary()
             case "prompt":
                 return await self._prompt(ms, req)
+            case "route":
+                return await self._route(args)
             case "kill_session":
                 sid = _str_arg(args, "session")
                 victim = self._known(sid)
@@ -630,8 +633,31 @@ class Supervisor:
                 raise AgentdError(
                     ErrorCode.UNKNOWN_OP,
                     f"unknown op {req.op!r} — known: ping, status, create_session, prompt,"
-                    " sessions, kill_session, retry_session, restart, shutdown",
+                    " route, sessions, kill_session, retry_session, restart, shutdown",
                 )
+
+    async def _route(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The data plane's entry: make the session ready (creating or recovering it) and grant
+        the client a direct route to its worker."""
+        h = await self.get_session(
+            _opt_str(args, "session") or "default", _opt_str(args, "agent"),
+            _opt_str(args, "cwd"), create=True, env=_opt_env(args),
+        )
+        h.touch()
+        await h.wait_ready()
+        if h.token is None or h.pid is None:
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE,
+                              f"session {h.session_id} has no worker to route to")
+        expires = time.time() + self.timing.grant_ttl
+        return {
+            "session": h.session_id,
+            "agent": h.agent,
+            "worker_socket": self.layout.worker_socket(h.session_id),
+            "worker_pid": h.pid,
+            "generation": self.generation,
+            "grant": make_grant(h.token, h.session_id, self.generation, expires),
+            "expires": expires,
+        }
 
     def _known(self, session_id: str) -> WorkerHandle:
         h = self.sessions.get(session_id)

@@ -33,7 +33,7 @@ _RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
 
 
 # ops that may create a session: they carry the creating client's cwd and environment
-CREATING_OPS = frozenset({"prompt", "create_session"})
+CREATING_OPS = frozenset({"prompt", "create_session", "route"})
 
 
 def creator_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import os
 import signal
 import socket as _socket
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +39,15 @@ import trio
 from . import _fs, _journal
 from ._errors import AgentdError, ErrorCode
 from ._fence import Claim, Fence
+from ._grant import check_grant
 from ._identity import own_start_id, peer_credentials, read_start_id
 from ._protocol import (
+    Attach,
     Auth,
     AuthOk,
     Dropped,
     Event,
+    Notice,
     Request,
     WorkerHello,
     decode,
@@ -194,9 +198,13 @@ class Journal:
 
 
 class _Conn:
-    def __init__(self, ms: MessageStream, fence: Fence) -> None:
+    """A supervisor connection (``fence``: its claim), or a client's direct route (``direct``:
+    admitted by a grant of the supervisor generation ``fence`` was for)."""
+
+    def __init__(self, ms: MessageStream, fence: Fence, *, direct: bool = False) -> None:
         self.ms = ms
         self.fence = fence
+        self.direct = direct
         self.scope = trio.CancelScope()
         self.dropped = False
 
@@ -206,6 +214,7 @@ class _Running:
         self.done = trio.Event()
         self.listener: _Conn | None = listener
         self.request_id = request_id
+        self.stream = True  # the listener wants the chunks as they come
         self.response_ok = True
         self.result: Any = None
         self.error: AgentdError | None = None
@@ -236,6 +245,7 @@ class WorkerCore:
         wait_change: Callable[[], Awaitable[None]] | None = None,
         pid: int | None = None,
         start_id: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.session_id = session_id
         self.agent = agent
@@ -256,6 +266,11 @@ class WorkerCore:
         self.start_id = own_start_id() if start_id is None else start_id
         self.conns: list[_Conn] = []
         self.current: _Conn | None = None
+        # the claim of the supervisor this worker serves: set by its authentication, kept when
+        # its connection closes (a supervisor killed -9 leaves routed clients served) until a
+        # newer supervisor authenticates or the claim fails the fence
+        self.serving: Fence | None = None
+        self._wall_clock = wall_clock
         self.stop_requested = trio.Event()
         self._turn = trio.Semaphore(1)
         self._running: dict[_journal.Key, _Running] = {}
@@ -338,6 +353,9 @@ class WorkerCore:
             msg = None
             with trio.move_on_after(self.timing.auth_timeout):
                 msg = await ms.receive()
+            if isinstance(msg, Attach):
+                await self._serve_direct(ms, msg, stream)
+                return
             if not isinstance(msg, Auth):
                 return
             refusal = self._authenticate(msg, stream)
@@ -370,6 +388,7 @@ class WorkerCore:
                 await self._drop(old, "superseded by a newer supervisor")
             self.conns.append(conn)
             self.current = conn
+            self.serving = fence
             await ms.send(AuthOk(session=self.session_id, pid=self.pid))
             async with trio.open_nursery() as handlers:
                 with conn.scope:
@@ -387,6 +406,31 @@ class WorkerCore:
                     if self.current is c:
                         self.current = None
             await ms.aclose()
+
+    async def _serve_direct(self, ms: MessageStream, msg: Attach, stream: trio.abc.Stream) -> None:
+        """A client's direct route: admitted by its grant, then served like the supervisor's
+        connection (prompts, status), each command re-checked against the fence."""
+        refusal = self._admit(msg, stream)
+        if refusal is not None:
+            await ms.send(Dropped(code=ErrorCode.GRANT_REFUSED, message=refusal))
+            return
+        assert self.serving is not None
+        conn = _Conn(ms, self.serving, direct=True)
+        await ms.send(AuthOk(session=self.session_id, pid=self.pid))
+        async with trio.open_nursery() as handlers:
+            with conn.scope:
+                await self._read_commands(conn, handlers)
+            handlers.cancel_scope.cancel()
+
+    def _admit(self, msg: Attach, stream: trio.abc.Stream) -> str | None:
+        if self._peer_pid(stream) == -1:
+            return "a process of another uid may not use this worker"
+        serving = self.serving
+        generation = None
+        if serving is not None and serving.check() is None:
+            generation = serving.claim.generation
+        return check_grant(msg.grant, token=self._token, session=self.session_id,
+                           generation=generation, now=self._wall_clock())
 
     async def _wait_refence(self) -> None:
         if self._wait_change is None:
@@ -421,7 +465,12 @@ class WorkerCore:
         return None
 
     def _valid(self, conn: _Conn) -> bool:
-        return not conn.dropped and conn is self.current and conn.fence.check() is None
+        if conn.dropped:
+            return False
+        if conn.direct:
+            # a route stays good while its supervisor's claim is the one this worker serves
+            return conn.fence is self.serving and conn.fence.check() is None
+        return conn is self.current and conn.fence.check() is None
 
     async def _drop(self, conn: _Conn, reason: str) -> None:
         if conn.dropped:
@@ -460,7 +509,18 @@ class WorkerCore:
 
     async def _handle(self, conn: _Conn, req: Request) -> None:
         if not self._valid(conn):
+            if conn.direct:
+                await self._respond(conn, fail(req.id, AgentdError(
+                    ErrorCode.GRANT_REFUSED,
+                    "this route's supervisor no longer owns the session — ask it for a new"
+                    " route")))
+                conn.scope.cancel()
+                return
             await self._drop(conn, "supervisor claim no longer valid")
+            return
+        if conn.direct and req.op not in ("prompt", "ping", "status"):
+            await self._respond(conn, fail(req.id, AgentdError(
+                ErrorCode.UNKNOWN_OP, f"op {req.op!r} is not served on a direct route")))
             return
         match req.op:
             case "prompt":
@@ -509,7 +569,13 @@ class WorkerCore:
             # newer supervisor) while it waited must not run (no wait: _handle just checked)
             if waited and not self._valid(conn):
                 self._turn.release()
-                await self._drop(conn, "supervisor claim no longer valid")
+                if conn.direct:
+                    await self._respond(conn, fail(req.id, AgentdError(
+                        ErrorCode.GRANT_REFUSED, "the route's supervisor was replaced while"
+                        " the prompt waited — ask the supervisor for a new route")))
+                    conn.scope.cancel()
+                else:
+                    await self._drop(conn, "supervisor claim no longer valid")
                 return
             # a resend queued behind the original: the original may have finished meanwhile
             if self._done_result(k) is not None:
@@ -532,15 +598,26 @@ class WorkerCore:
                 self._turn.release()
         running.listener = conn
         running.request_id = req.id
+        running.stream = req.args.get("stream", True) is not False
         await running.done.wait()
         if running.error is not None:
             await self._respond(conn, fail(req.id, running.error))
         else:
             await self._respond(conn, ok(req.id, running.result))
 
+    def _notify(self, notice: Notice) -> None:
+        """Tell the supervisor (if one is connected) without waiting for it."""
+        conn = self.current
+        if conn is not None and not conn.dropped and self._nursery is not None:
+            self._nursery.start_soon(self._send_notice, conn, notice)
+
+    async def _send_notice(self, conn: _Conn, notice: Notice) -> None:
+        with trio.move_on_after(self.timing.drop_notice_timeout):
+            await self._respond(conn, notice)
+
     async def _relay(self, running: _Running, chunk: str) -> None:
         listener = running.listener
-        if listener is not None and not listener.dropped:
+        if listener is not None and not listener.dropped and running.stream:
             await self._respond(
                 listener, Event(id=running.request_id, event={"kind": "chunk", "text": chunk})
             )
@@ -597,6 +674,7 @@ class WorkerCore:
             seq = await self._run_turn(k, text, running, replay=replay)
         finally:
             self._turn.release()
+            self._notify(Notice(kind="turn_done", turn=self.turns))
         if self.journal is not None:
             with trio.CancelScope(shield=True):
                 await self.journal.sync(seq, inline=self._alone())
@@ -624,6 +702,7 @@ class WorkerCore:
             session_dir=self.transcript.dir if self.transcript else self.cwd,
         )
         chunks: list[str] = []
+        self._notify(Notice(kind="turn_started", turn=self.turns))
         try:
             turn_chunks = self.agent.turn(text, ctx)
             async with _closing(turn_chunks):

@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ._errors import AgentdError, ErrorCode
-from ._protocol import Auth, AuthOk, Dropped, Event, Request, Response, WorkerHello
+from ._protocol import Auth, AuthOk, Dropped, Event, Notice, Request, Response, WorkerHello
 from ._stream import MessageStream
 
 log = logging.getLogger("trio_agentd.supervisor")
@@ -37,6 +37,7 @@ class WorkerLink:
         self._pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
         self.closed = trio.Event()
         self.drop_reason: str | None = None
+        self.on_notice: Callable[[Notice], None] = lambda _n: None
 
     async def run_reader(self) -> None:
         """Route messages until the link ends; then fail every pending call."""
@@ -51,6 +52,8 @@ class WorkerLink:
                     if chan is not None:
                         with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
                             chan.send_nowait(msg)
+                elif isinstance(msg, Notice):
+                    self.on_notice(msg)
                 elif isinstance(msg, Dropped):
                     self.drop_reason = msg.message
                     log.warning("worker %s dropped us: %s", self.hello.session, msg.message)

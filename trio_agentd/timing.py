@@ -44,6 +44,10 @@ class Timing:
     lock_poll: float = 0.005
     # how long a worker tries to tell a supervisor it is being dropped before closing anyway
     drop_notice_timeout: float = 0.2
+    # how long a route grant (a client's permission to talk to a worker directly) is good for;
+    # it is also bound to the supervisor's generation, so a replaced supervisor's grants die
+    # with it whatever their expiry
+    grant_ttl: float = 600.0
 
 
 DEFAULT_TIMING = Timing()

@@ -23,6 +23,7 @@ from trio_agentd._protocol import (
     Dropped,
     Event,
     Message,
+    Notice,
     Request,
     Response,
     WorkerHello,
@@ -86,10 +87,15 @@ class SupervisorEnd:
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.ms = MessageStream(stream)
         self.log: list[tuple[float, Message | None]] = []  # None marks end of stream
+        self.notices: list[tuple[float, Notice]] = []
         self.closed = trio.Event()
 
     async def receive(self) -> Message | None:
+        """The next message, apart from turn notices (kept in ``notices``)."""
         msg = await self.ms.receive()
+        while isinstance(msg, Notice):
+            self.notices.append((trio.current_time(), msg))
+            msg = await self.ms.receive()
         self.log.append((trio.current_time(), msg))
         if msg is None:
             self.closed.set()

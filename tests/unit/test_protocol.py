@@ -243,6 +243,7 @@ def test_ops_are_the_ops_of_the_spec() -> None:
                 "sessions",
                 "kill_session",
                 "retry_session",
+                "route",
                 "restart",
                 "shutdown",
             }
