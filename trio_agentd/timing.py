@@ -135,12 +135,14 @@ def timing_from_env(base: Timing = DEFAULT_TIMING) -> Timing:
                     f"TRIO_AGENTD_TIMING: {name} must be a finite number of seconds >= {floor:g}"
                     f"{also} (got {json.dumps(value)})"
                 )
-            checked[name] = float(value)  # type: ignore[arg-type]
+            checked[name] = float(value)
     return dataclasses.replace(base, **checked)  # type: ignore[arg-type]
 
 
 def _seconds_ok(value: object, floor: float) -> bool:
-    return _is_number(value) and math.isfinite(value) and value >= floor  # type: ignore[arg-type]
+    return isinstance(value, int | float) and not isinstance(value, bool) and (
+        math.isfinite(value) and value >= floor
+    )
 
 
 def _is_number(value: object) -> bool:
