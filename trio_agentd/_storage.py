@@ -63,8 +63,11 @@ async def retried(
     what: str,
     delays: Sequence[float],
     log: logging.Logger,
+    failed: OSError | None = None,
 ) -> T:
     """``fn()``, tried again after each of ``delays`` while it raises ``OSError``.
+
+    ``failed``: the caller's own first attempt already failed so: begin with the first delay.
 
     Raises:
         OSError: the last failure, once every delay is used up (logged as an error).
@@ -72,18 +75,21 @@ async def retried(
     import trio
 
     attempt = 0
+    exc = failed
     while True:
-        try:
-            result = fn()
-        except OSError as exc:
+        if exc is not None:
             if attempt >= len(delays):
                 log.error("could not write %s: %s (%s); gave up after %d attempts",
                           what, errno_name(exc), exc, attempt + 1)
-                raise
+                raise exc
             log.warning("could not write %s: %s (%s); trying again in %gs",
                         what, errno_name(exc), exc, delays[attempt])
             await trio.sleep(delays[attempt])
             attempt += 1
+        try:
+            result = fn()
+        except OSError as err:
+            exc = err
             continue
         if attempt:
             log.info("wrote %s after %d failed attempts", what, attempt)

@@ -50,7 +50,7 @@ from ._protocol import (
     ok,
 )
 from ._session import Transcript
-from ._storage import retried, storage_error, write_all
+from ._storage import errno_name, retried, storage_error, write_all
 from ._stream import MessageStream
 from .agents import Agent, TurnContext, load_agent
 from .timing import DEFAULT_TIMING, Timing
@@ -183,11 +183,12 @@ class Journal:
             log.error("journal %s: cannot cut a torn record at %d: %s", self.path, offset, exc)
             self._torn = offset
 
-    def _failed(self, exc: OSError, *, ran: bool = False) -> AgentdError:
-        err = storage_error(self.path, exc, ran=ran)
+    def _failed(self, exc: OSError) -> AgentdError:
+        err = storage_error(self.path, exc)
         self.storage_failures += 1
         self.last_storage_error = err
-        log.error("%s", err.message)
+        log.error("journal %s: a write or flush failed: %s (%s)", self.path, errno_name(exc),
+                  exc)
         return err
 
     def lost(self, seq: int) -> AgentdError | None:
@@ -848,12 +849,12 @@ class WorkerCore:
                     {"kind": "turn", "turn": turn, "prompt": text, "reply": reply,
                      "client_id": k[0], "id": k[1], "replayed": replay}
                 )
-            except OSError:
+            except OSError as exc:
                 # the line is kept (written before the next one) and the journal, the durable
                 # record, brings the transcript up to date at the next start: go on
                 with contextlib.suppress(OSError):
                     await retried(transcript.write_pending, what=f"transcript {transcript.path}",
-                                  delays=self.timing.storage_retry_delays, log=log)
+                                  delays=self.timing.storage_retry_delays, log=log, failed=exc)
         else:
             self._memory_turns = turn
             self._memory_done[k] = result
