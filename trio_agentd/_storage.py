@@ -32,8 +32,9 @@ def storage_error(
     if ran:
         text = (
             f"the turn ran but its result could not be made durable: writing {what}"
-            f" {os.fspath(path)} failed with {cause} — {REMEDY}, then send the prompt again"
-            " with the same command id to get its result"
+            f" {os.fspath(path)} failed with {cause} — {REMEDY}; the result is kept, and a"
+            " resend of this same command gets it once there is room (send the prompt again"
+            " and it runs anew)"
         )
     else:
         text = (
