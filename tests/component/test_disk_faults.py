@@ -29,10 +29,12 @@ from tests.component.test_worker_refence import (
     responses_to,
 )
 from trio_agentd import _journal
+from trio_agentd._handle import WorkerHandle
 from trio_agentd._protocol import ErrorBody, Response
+from trio_agentd._recovery import Mode
 from trio_agentd._session import Transcript
 from trio_agentd._worker import Journal, WorkerCore, interrupted_error
-from trio_agentd.testing import MemoryRegistry, make_worker_core
+from trio_agentd.testing import FakeWorkerOps, MemoryRegistry, make_worker_core
 from trio_agentd.timing import DEFAULT_TIMING, Timing
 
 pytestmark = pytest.mark.timeout(20)
@@ -467,3 +469,64 @@ def test_compaction_keeps_started_markers_and_never_started_verdicts() -> None:
 @pytest.fixture(autouse=True)
 def _quiet_errors(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="trio_agentd")
+
+
+# --- the supervisor's descriptor writes ------------------------------------------------------
+
+
+class FullDescriptorOps(FakeWorkerOps):
+    """Descriptor writes fail (ENOSPC) while ``failures`` lasts; every attempt is timed."""
+
+    def __init__(self, nursery: trio.Nursery, failures: int) -> None:
+        super().__init__(nursery)
+        self.failures = failures
+        self.attempts: list[tuple[float, str]] = []
+
+    def persist(self, h: WorkerHandle) -> None:
+        self.attempts.append((trio.current_time(), str(h.mode.value)))
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().persist(h)
+
+
+async def _supervised(ops: FakeWorkerOps, nursery: trio.Nursery) -> WorkerHandle:
+    h = WorkerHandle(ops, "s1", "echo", "/")
+    await nursery.start(lambda task_status: h.supervise(alive=False, wanted=False,
+                                                         task_status=task_status))
+    await h.wait_ready()
+    return h
+
+
+async def test_failed_descriptor_write_is_retried_on_schedule_with_the_latest_state(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ops = FullDescriptorOps(nursery, failures=3)
+    h = await _supervised(ops, nursery)
+    assert trio.current_time() == 0.0
+    await trio.sleep(5)
+    # starting and ready at 0 fail; retries after 0.05 (fails) and 0.25 more write "ready"
+    assert ops.attempts == [(0.0, "starting"), (0.0, "ready"), (0.05, "ready"), (0.3, "ready")]
+    assert ops.persisted == ["ready"]
+    assert h.mode.value is Mode.READY
+    assert "could not write its descriptor" in caplog.text
+    assert "descriptor written after 2 retries" in caplog.text
+
+
+async def test_descriptor_write_that_keeps_failing_is_given_up_on_and_logged(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ops = FullDescriptorOps(nursery, failures=100)
+    h = await _supervised(ops, nursery)
+    await trio.sleep(5)
+    assert [t for t, _ in ops.attempts] == [0.0, 0.0, 0.05, 0.3, 1.3]
+    assert "gave up writing its descriptor after 4 attempts" in caplog.text
+    # the session is served all the same, and the next state change writes it again
+    response = await h.call("prompt", {"text": "hi", "command_id": 1}, client_id="c",
+                            on_event=None)
+    assert response.ok
+    ops.failures = 0
+    await h.request_stop().wait()
+    assert ops.persisted[-1] == "stopped"
