@@ -395,7 +395,9 @@ async def _attach(route: dict[str, Any], timing: Timing) -> _Connection:
         if isinstance(reply, Dropped):
             raise AgentdError(reply.code, reply.message)
         if not isinstance(reply, AuthOk):
-            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, f"the worker at {path} did not admit us")
+            raise AgentdError(
+                ErrorCode.WORKER_UNAVAILABLE, f"the worker at {path} did not admit us"
+            )
     except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         await ms.aclose()
         raise AgentdError(

@@ -21,6 +21,8 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "shutting_down"
     WORKER_UNAVAILABLE = "worker_unavailable"
     COMMAND_INTERRUPTED = "command_interrupted"
+    # a durable write (journal append or flush) failed: ENOSPC, EDQUOT, EFBIG, EIO
+    STORAGE_ERROR = "storage_error"
     FRAME_TOO_LARGE = "frame_too_large"
     PERMISSION_DENIED = "permission_denied"
     VERSION_MISMATCH = "version_mismatch"

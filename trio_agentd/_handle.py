@@ -127,6 +127,8 @@ class WorkerHandle:
         self._stop_done: trio.Event | None = None
         self._retry_pending = False
         self._readers: trio.Nursery | None = None
+        self._persist_failed = False  # the last descriptor write failed
+        self._persist_retrying = False
         self.cancel_scope = trio.CancelScope()  # cancelled: stop supervising (worker kept)
         self.log: list[tuple[float, str]] = []  # (time, what): the schedule, for tests and -v
 
@@ -294,8 +296,49 @@ class WorkerHandle:
         if self.mode.value is not state.mode:
             self._note(f"mode {state.mode}")
             self.mode.value = state.mode
-            with contextlib.suppress(OSError):
-                self.ops.persist(self)
+            self._persist()
+
+    def _persist(self) -> None:
+        """Write the descriptor (adoption by the next supervisor reads it). A write that fails
+        (no space) is logged and retried in the background, bounded by
+        ``storage_retry_delays``; each retry writes the state of that moment."""
+        try:
+            self.ops.persist(self)
+        except OSError as exc:
+            self._persist_failed = True
+            if self._persist_retrying or self._readers is None:
+                log.warning("session %s: could not write its descriptor: %s",
+                            self.session_id, exc)
+                return
+            self._persist_retrying = True
+            self._readers.start_soon(self._retry_persist, exc)
+        else:
+            self._persist_failed = False
+
+    async def _retry_persist(self, first: OSError) -> None:
+        delays = self.timing.storage_retry_delays
+        log.warning("session %s: could not write its descriptor: %s", self.session_id, first)
+        try:
+            for attempt, delay in enumerate(delays, start=1):
+                await trio.sleep(delay)
+                if not self._persist_failed:
+                    return  # a later write succeeded
+                self._note(f"persist retry {attempt}")
+                try:
+                    self.ops.persist(self)
+                except OSError as exc:
+                    log.warning("session %s: could not write its descriptor (attempt %d of %d):"
+                                " %s", self.session_id, attempt + 1, len(delays) + 1, exc)
+                    continue
+                self._persist_failed = False
+                log.info("session %s: descriptor written after %d retries", self.session_id,
+                         attempt)
+                return
+            log.error("session %s: gave up writing its descriptor after %d attempts; a"
+                      " supervisor started later may not adopt its worker — free space, the"
+                      " next state change writes it again", self.session_id, len(delays) + 1)
+        finally:
+            self._persist_retrying = False
 
     def _note(self, what: str) -> None:
         self.log.append((trio.current_time(), what))

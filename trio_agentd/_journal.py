@@ -1,8 +1,10 @@
 """Worker command journals (SPEC §6): records, parsing, replay decisions. Pure.
 
-One JSON object per line: ``accepted`` (before a command runs), ``completed`` (with its result),
-``interrupted`` (it will never complete). A truncated or corrupt line is ignored, so a crash in
-the middle of an append loses nothing that was fsynced before it.
+One JSON object per line: ``accepted`` (before a command runs), ``started`` (written, not
+flushed, just before its agent runs), ``completed`` (with its result), ``interrupted`` (it will
+never complete; ``"started": false`` when it is known never to have run). A truncated or
+corrupt line is ignored, so a crash in the middle of an append loses nothing that was fsynced
+before it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class JournalState:
     accepted: dict[Key, dict[str, Any]] = field(default_factory=dict)
     completed: dict[Key, Any] = field(default_factory=dict)
     interrupted: set[Key] = field(default_factory=set)
+    started: set[Key] = field(default_factory=set)  # its agent ran (or may have)
+    never_started: set[Key] = field(default_factory=set)  # interrupted before it ran
     skipped_lines: int = 0
 
     def pending(self) -> list[tuple[Key, dict[str, Any]]]:
@@ -42,6 +46,12 @@ class JournalState:
             self.completed[k] = rec.get("result")
         elif kind == "interrupted":
             self.interrupted.add(k)
+            if rec.get("started") is False:
+                self.never_started.add(k)
+            else:
+                self.never_started.discard(k)
+        elif kind == "started":
+            self.started.add(k)
         else:
             self.skipped_lines += 1
 
@@ -63,18 +73,34 @@ def parse(data: bytes) -> JournalState:
     return state
 
 
-def accepted(client_id: str, command_id: str | int, op: str, args: dict[str, Any]) -> bytes:
-    return _line(
-        {"kind": "accepted", "client_id": client_id, "id": command_id, "op": op, "args": args}
-    )
+def accepted(
+    client_id: str, command_id: str | int, op: str, args: dict[str, Any], *,
+    boot: str | None = None,
+) -> bytes:
+    """``boot``: the machine's boot id, to tell after a restart whether the page cache (with
+    the command's ``started`` marker, if any) survived."""
+    rec: dict[str, Any] = {
+        "kind": "accepted", "client_id": client_id, "id": command_id, "op": op, "args": args
+    }
+    if boot is not None:
+        rec["boot"] = boot
+    return _line(rec)
 
 
 def completed(client_id: str, command_id: str | int, result: Any) -> bytes:
     return _line({"kind": "completed", "client_id": client_id, "id": command_id, "result": result})
 
 
-def interrupted(client_id: str, command_id: str | int) -> bytes:
-    return _line({"kind": "interrupted", "client_id": client_id, "id": command_id})
+def interrupted(client_id: str, command_id: str | int, *, started: bool = True) -> bytes:
+    """``started``: whether its agent ran (or may have); absent from the record means it may."""
+    rec: dict[str, Any] = {"kind": "interrupted", "client_id": client_id, "id": command_id}
+    if not started:
+        rec["started"] = False
+    return _line(rec)
+
+
+def started(client_id: str, command_id: str | int) -> bytes:
+    return _line({"kind": "started", "client_id": client_id, "id": command_id})
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -86,12 +112,14 @@ def compacted(state: JournalState, keep_completed: int) -> bytes:
     ``keep_completed`` results (older results are forgotten: a resend that old runs again)."""
     out = bytearray()
     done = list(state.completed.items())[-keep_completed:] if keep_completed > 0 else []
-    for _k, rec in state.pending():
+    for k, rec in state.pending():
         out += _line(rec)
+        if k in state.started:
+            out += started(k[0], rec.get("id", k[1]))
     for k in state.interrupted:
         rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})
         out += _line({**rec, "kind": "accepted"})
-        out += interrupted(k[0], rec.get("id", k[1]))
+        out += interrupted(k[0], rec.get("id", k[1]), started=k not in state.never_started)
     for k, result in done:
         rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})
         out += _line({**rec, "kind": "accepted"})

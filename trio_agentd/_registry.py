@@ -311,7 +311,19 @@ class Ownership:
                      released=self.released) is not None:
                 return
             self.record = self.record.with_phase(phase, utcnow())
-            self._bytes = self.registry.write_in_place(self.record)
+            self._bytes = await self._write_record()
+
+    async def _write_record(self) -> bytes:
+        """Write the record in place; a failed write (no space) is logged and retried
+        (``storage_retry_delays``) before it raises."""
+        from ._storage import retried
+
+        return await retried(
+            lambda: self.registry.write_in_place(self.record),
+            what=f"owner record {self.registry.owner_json(self.generation)}",
+            delays=self.timing.storage_retry_delays,
+            log=log,
+        )
 
     async def release(self) -> None:
         """Give the claim up (clean shutdown): remove the record if it is still ours."""
@@ -391,7 +403,7 @@ class Ownership:
             )
             if verdict is RestoreVerdict.RESTORE:
                 self.record = self.record.with_phase(self.record.phase, utcnow())
-                self._bytes = self.registry.write_in_place(self.record)
+                self._bytes = await self._write_record()
                 self._restores += 1
                 log.warning(
                     "Restored supervisor owner record for generation %s after external removal",

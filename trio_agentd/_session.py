@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -10,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import _fs
+from . import _fs, _storage
 from ._errors import AgentdError, ErrorCode
 
 log = logging.getLogger("trio_agentd.session")
@@ -41,6 +42,7 @@ class Transcript:
         self.keys: set[tuple[str, str]] = set()
         self.last: dict[str, Any] | None = None
         self._fd: int | None = None
+        self.pending: list[bytes] = []  # lines not written yet (a write failed)
         try:
             data = _fs.read_bytes(self.path) or b""
         except _fs.UntrustedFile as exc:
@@ -57,19 +59,41 @@ class Transcript:
                 self.last = rec
 
     def append(self, rec: dict[str, Any]) -> None:
-        """Append a line (no fsync: the journal is the durable record; see ``sync``)."""
+        """Append a line (no fsync: the journal is the durable record; see ``sync``).
+
+        The turn counts at once, written or not: a line that cannot be written (no space) is
+        kept and written before the next one (:meth:`write_pending`), and no torn line is left.
+
+        Raises:
+            OSError: the line (and any kept before it) could not be written yet.
+        """
         line = json.dumps({**rec, "at": now_iso()}, separators=(",", ":")).encode() + b"\n"
-        if self._fd is None:
-            _fs.ensure_dir(self.dir)
-            self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        os.write(self._fd, line)
         if rec.get("kind") == "turn":
             self.turns = max(self.turns, int(rec["turn"]))
             self.keys.add((str(rec.get("client_id", "")), str(rec.get("id", ""))))
             self.last = rec
+        self.pending.append(line)
+        self.write_pending()
 
+    def write_pending(self) -> None:
+        """Write the kept lines, in order; a failed one is cut off again and stays kept."""
+        if not self.pending:
+            return
+        if self._fd is None:
+            _fs.ensure_dir(self.dir)
+            self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        while self.pending:
+            start = os.fstat(self._fd).st_size
+            try:
+                _storage.write_all(self._fd, self.pending[0])
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, start)
+                raise
+            del self.pending[0]
 
     def sync(self) -> None:
+        self.write_pending()
         if self._fd is not None:
             os.fsync(self._fd)
 

@@ -55,6 +55,7 @@ from ._protocol import (
     ok,
 )
 from ._session import Transcript
+from ._storage import errno_name, retried, storage_error, write_all
 from ._stream import MessageStream
 from .agents import Agent, TurnContext, load_agent
 from .timing import DEFAULT_TIMING, Timing
@@ -97,31 +98,117 @@ class Journal:
     started, so a turn's ``completed`` and the next turn's ``accepted`` share one flush, and
     so do the records of concurrent commands. Durability is unchanged: nobody is answered, and
     no command runs, before its record is on disk.
+
+    Failed writes (ENOSPC, EDQUOT, EFBIG, EIO) raise ``storage_error`` and leave no torn record:
+    a failed append is cut back to the last good offset. A failed flush means nothing written
+    since the last good flush can be trusted: the file is cut back to that flush, every
+    ``sync`` of a record after it raises ``storage_error``, the acceptance of every command that
+    never started is forgotten (a resend runs it), and the records of commands that did run
+    (started, outcomes) are kept in memory and written again before anything else
+    (:attr:`backlog`), so a resend gets its result and nothing runs twice.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         _fs.ensure_dir(path.parent)
-        self.state = _journal.parse(_fs.read_bytes(path) or b"")
+        data = _fs.read_bytes(path) or b""
+        self.state = _journal.parse(data)
         self._lines = len(self.state.accepted) + len(self.state.completed)
         self._fd = _fs.open_trusted(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-            os.write(self._fd, b"\n")  # seal a truncated tail so the next record parses
+        if data and not data.endswith(b"\n"):
+            try:
+                write_all(self._fd, b"\n")  # seal a truncated tail so the next record parses
+            except OSError:
+                os.ftruncate(self._fd, data.rfind(b"\n") + 1)  # no room: cut the torn tail
+        self._offset = os.fstat(self._fd).st_size  # end of the last good record
+        self._torn: int | None = None  # a cut that failed: the offset to cut back to first
         self.written = 0  # sequence number of the last record written
         self._durable = 0  # ... and of the last one known to be on disk
+        self._durable_offset = self._offset
+        self._unflushed: list[tuple[int, int, bytes]] = []  # (seq, end offset, line)
+        self.backlog: list[bytes] = []  # records of commands that ran, to write again
+        self._lost: list[tuple[int, int, OSError]] = []  # (after, through, why)
         self._durable_changed = trio.Event()
         self._wanted = trio.Event()
         self._flusher_running = False
         self._flushing = False
         self.flushes = 0
+        self.storage_failures = 0
+        self.last_storage_error: AgentdError | None = None
 
-    def append(self, line: bytes) -> int:
-        """Write a record (not yet durable); its sequence number for :meth:`sync`."""
-        os.write(self._fd, line)
-        self.state.apply(json.loads(line))
-        self._lines += 1
-        self.written += 1
+    def append(self, line: bytes, *, keep: bool = False) -> int:
+        """Write a record (not yet durable); its sequence number for :meth:`sync`.
+
+        ``keep``: the record is the outcome of a command that ran; if it cannot be written it is
+        still applied, and kept in :attr:`backlog` to be written before the next record.
+
+        Raises:
+            AgentdError: ``storage_error``; nothing of the record is left in the file.
+        """
+        try:
+            self._write_backlog()
+            self._write(line)
+        except AgentdError:
+            if keep:
+                self.backlog.append(line)
+                self._apply(line)
+            raise
+        self._apply(line)
         return self.written
+
+    def _apply(self, line: bytes) -> None:
+        rec = json.loads(line)
+        self.state.apply(rec)
+        if rec.get("kind") != "started":  # markers ride along: compaction counts commands
+            self._lines += 1
+
+    def _write(self, line: bytes) -> None:
+        if self._torn is not None:
+            try:
+                os.ftruncate(self._fd, self._torn)
+            except OSError as exc:
+                raise self._failed(exc) from exc
+            self._torn = None
+        start = self._offset
+        try:
+            write_all(self._fd, line)
+        except OSError as exc:
+            self._cut(start)
+            raise self._failed(exc) from exc
+        self._offset = start + len(line)
+        self.written += 1
+        self._unflushed.append((self.written, self._offset, line))
+
+    def _write_backlog(self) -> None:
+        while self.backlog:
+            self._write(self.backlog[0])
+            del self.backlog[0]
+
+    def _cut(self, offset: int) -> None:
+        """Cut the file back to ``offset`` (a torn record); if even that fails, before the
+        next write."""
+        try:
+            os.ftruncate(self._fd, offset)
+        except OSError as exc:
+            log.error("journal %s: cannot cut a torn record at %d: %s", self.path, offset, exc)
+            self._torn = offset
+
+    def _failed(self, exc: OSError) -> AgentdError:
+        err = storage_error(self.path, exc)
+        self.storage_failures += 1
+        self.last_storage_error = err
+        log.error("journal %s: a write or flush failed: %s (%s)", self.path, errno_name(exc),
+                  exc)
+        return err
+
+    def lost(self, seq: int) -> AgentdError | None:
+        """Why record ``seq`` will never be durable (a flush failed after it), or ``None``."""
+        for after, through, exc in self._lost:
+            if after < seq <= through:
+                err = storage_error(self.path, exc)
+                err.__cause__ = exc
+                return err
+        return None
 
     async def sync(self, seq: int, *, inline: bool = False) -> None:
         """Return once record ``seq`` (and every one before it) is on disk.
@@ -129,31 +216,80 @@ class Journal:
         ``inline``: nobody else is waiting, so flush here without a thread hop (the lowest
         latency for a lone command; concurrent commands share the flusher's flushes).
 
+        Raises:
+            AgentdError: ``storage_error``: a flush failed after the record was written (or the
+                backlog, written first, could not be).
+
         Cancellation: the caller stops waiting; the flush goes on for the others.
         """
-        while self._durable < seq:
+        if self.backlog:
+            self._write_backlog()
+            seq = max(seq, self.written)
+        while True:
+            err = self.lost(seq)
+            if err is not None:
+                raise err
+            if self._durable >= seq:
+                return
             if not self._flusher_running or (inline and not self._flushing):
                 self._flush_now()
-                return
+                continue
             self._wanted.set()
             event = self._durable_changed
             await event.wait()
 
     def append_durable(self, line: bytes) -> None:
-        """Write and flush inline (startup recovery, before the flusher runs)."""
-        self._flush_now(self.append(line))
+        """Write and flush inline (startup recovery, before the flusher runs).
 
-    def _flush_now(self, seq: int | None = None) -> None:
-        target = self.written if seq is None else max(seq, self.written)
-        os.fdatasync(self._fd)
+        Raises:
+            AgentdError: ``storage_error`` (the record is kept in :attr:`backlog`).
+        """
+        seq = self.append(line, keep=True)
+        self._flush_now()
+        err = self.lost(seq)
+        if err is not None:
+            raise err
+
+    def _flush_now(self) -> None:
+        target, offset = self.written, self._offset
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._flush_failed(exc)
+            return  # the caller finds its record lost
         self.flushes += 1
-        self._mark_durable(target)
+        self._mark_durable(target, offset)
 
-    def _mark_durable(self, seq: int) -> None:
+    def _mark_durable(self, seq: int, offset: int) -> None:
         if seq > self._durable:
             self._durable = seq
+            self._durable_offset = offset
+            self._unflushed = [u for u in self._unflushed if u[0] > seq]
             self._durable_changed.set()
             self._durable_changed = trio.Event()
+
+    def _flush_failed(self, exc: OSError) -> None:
+        """A flush failed: nothing after the last good one can be trusted (SPEC: fsync errors
+        are reported once and the data may be gone). Cut back to it; keep what ran."""
+        self._failed(exc)
+        self._lost.append((self._durable, self.written, exc))
+        state = self.state
+        kept: list[bytes] = []
+        for _seq, _end, line in self._unflushed:
+            rec = json.loads(line)
+            k = _journal.key_of(str(rec.get("client_id", "")), rec.get("id", ""))
+            ran = k in state.started or k in state.completed or k in state.interrupted
+            if rec.get("kind") == "accepted" and not ran:
+                state.accepted.pop(k, None)  # never ran: forgotten, a resend runs it
+                self._lines -= 1
+                continue
+            kept.append(line)
+        self._unflushed = []
+        self.backlog[:0] = kept
+        self._cut(self._durable_offset)
+        self._offset = self._durable_offset
+        self._durable_changed.set()  # every waiter looks again: theirs may be lost
+        self._durable_changed = trio.Event()
 
     async def run_flusher(self) -> None:
         """Group commit: flush whatever was written since the last flush, in a thread."""
@@ -162,36 +298,51 @@ class Journal:
             while True:
                 await self._wanted.wait()
                 self._wanted = trio.Event()
-                target = self.written
+                target, offset = self.written, self._offset
                 if target <= self._durable:
                     continue
                 self._flushing = True
                 try:
                     await trio.to_thread.run_sync(os.fdatasync, self._fd)
+                except OSError as exc:
+                    self._flush_failed(exc)
+                    continue
                 finally:
                     self._flushing = False
                 self.flushes += 1
-                self._mark_durable(target)
+                self._mark_durable(target, offset)
         finally:
             self._flusher_running = False
-            if self._durable < self.written:
+            if self._durable < self.written or self.backlog:
                 # stopping: whoever still waits is answered by one last flush, here
-                self._flush_now()
+                with contextlib.suppress(AgentdError):  # logged; waiters see their record lost
+                    self._write_backlog()
+                    self._flush_now()
 
     def wants_compaction(self) -> bool:
         return self._lines >= COMPACT_AFTER
 
     def maybe_compact(self) -> None:
-        """Rewrite the journal when it grew long; only when every record is durable."""
-        if self._lines < COMPACT_AFTER or self._flushing or self._durable < self.written:
+        """Rewrite the journal when it grew long; only when every record is durable.
+
+        A rewrite that fails (no space) is logged and left for a later turn.
+        """
+        if (self._lines < COMPACT_AFTER or self._flushing or self._durable < self.written
+                or self.backlog or self._torn is not None):
             return
         from ._fs import atomic_write
 
-        atomic_write(self.path, _journal.compacted(self.state, KEEP_COMPLETED))
+        try:
+            atomic_write(self.path, _journal.compacted(self.state, KEEP_COMPLETED))
+        except OSError as exc:
+            log.warning("journal %s: compaction failed (%s); trying again later", self.path, exc)
+        if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
+            return  # not replaced
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         self.state = _journal.parse(self.path.read_bytes())
         self._lines = len(self.state.accepted) + len(self.state.completed)
+        self._offset = self._durable_offset = os.fstat(self._fd).st_size
 
     def close(self) -> None:
         os.close(self._fd)
@@ -246,6 +397,7 @@ class WorkerCore:
         pid: int | None = None,
         start_id: str | None = None,
         wall_clock: Callable[[], float] = time.time,
+        boot_id: str | None = None,
     ) -> None:
         self.session_id = session_id
         self.agent = agent
@@ -264,6 +416,9 @@ class WorkerCore:
         self._wait_change = wait_change
         self.pid = os.getpid() if pid is None else pid
         self.start_id = own_start_id() if start_id is None else start_id
+        # in every acceptance: after a restart in the same boot the page cache is intact, so
+        # a command without its ``started`` marker certainly never ran
+        self.boot_id = _boot_id() if boot_id is None else boot_id
         self.conns: list[_Conn] = []
         self.current: _Conn | None = None
         # the claim of the supervisor this worker serves: set by its authentication, kept when
@@ -311,28 +466,52 @@ class WorkerCore:
                 if not isinstance(result.get("turn"), int):
                     continue
                 text = state.accepted.get(k, {}).get("args", {}).get("text", "")
-                self.transcript.append(
-                    {"kind": "turn", "turn": result["turn"], "prompt": text,
-                     "reply": result.get("reply", ""), "client_id": k[0], "id": k[1],
-                     "recovered": True}
-                )
-            self.transcript.sync()
+                try:
+                    self.transcript.append(
+                        {"kind": "turn", "turn": result["turn"], "prompt": text,
+                         "reply": result.get("reply", ""), "client_id": k[0], "id": k[1],
+                         "recovered": True}
+                    )
+                except OSError as exc:  # kept: written before its next line
+                    log.error("transcript %s: %s", self.transcript.path, exc)
+            try:
+                self.transcript.sync()
+            except OSError as exc:
+                log.error("transcript %s: %s", self.transcript.path, exc)
         for k, rec in state.pending():
-            if self.transcript is not None and k in self.transcript.keys:
-                # it finished and was transcribed just before a crash: complete it, do not rerun
-                last = self.transcript.last or {}
-                self.journal.append_durable(_journal.completed(k[0], rec.get("id", k[1]), {
-                    "session": self.session_id, "turn": last.get("turn"),
-                    "reply": last.get("reply", "")}))
-            elif self.agent.replayable and rec.get("op") == "prompt":
-                running = _Running(listener=None, request_id=rec.get("id"))  # type: ignore[arg-type]
-                running.listener = None
-                self._running[k] = running
-                assert self._nursery is not None
-                self._nursery.start_soon(self._replay, k, rec, running)
-            else:
-                self.journal.append_durable(_journal.interrupted(k[0], rec.get("id", k[1])))
-                log.warning("command %s was interrupted by a worker restart", k)
+            try:
+                self._recover_one(k, rec)
+            except AgentdError as exc:  # kept in the journal's backlog; logged
+                log.error("recovering command %s: %s", k, exc.message)
+
+    def _recover_one(self, k: _journal.Key, rec: dict[str, Any]) -> None:
+        assert self.journal is not None
+        state = self.journal.state
+        if self.transcript is not None and k in self.transcript.keys:
+            # it finished and was transcribed just before a crash: complete it, do not rerun
+            last = self.transcript.last or {}
+            self.journal.append_durable(_journal.completed(k[0], rec.get("id", k[1]), {
+                "session": self.session_id, "turn": last.get("turn"),
+                "reply": last.get("reply", "")}))
+        elif self.agent.replayable and rec.get("op") == "prompt":
+            running = _Running(listener=None, request_id=rec.get("id"))  # type: ignore[arg-type]
+            running.listener = None
+            self._running[k] = running
+            assert self._nursery is not None
+            self._nursery.start_soon(self._replay, k, rec, running)
+        else:
+            # without its started marker, and in the same boot (the page cache, where the
+            # marker would be, survived), it certainly never ran; otherwise it may have
+            started = (
+                k in state.started
+                or self.boot_id == ""
+                or rec.get("boot") != self.boot_id
+            )
+            self.journal.append_durable(
+                _journal.interrupted(k[0], rec.get("id", k[1]), started=started)
+            )
+            log.warning("command %s was interrupted by a worker restart (%s)", k,
+                        "it had started" if started else "it never started")
 
     async def _replay(self, k: _journal.Key, rec: dict[str, Any], running: _Running) -> None:
         await self._turn.acquire()
@@ -588,9 +767,17 @@ class WorkerCore:
                 self._running[k] = running
                 accepted = 0
                 if self.journal is not None:
-                    accepted = self.journal.append(
-                        _journal.accepted(req.client_id, command_id, "prompt", req.args)
-                    )
+                    try:
+                        accepted = self.journal.append(
+                            _journal.accepted(req.client_id, command_id, "prompt", req.args,
+                                              boot=self.boot_id or None)
+                        )
+                    except AgentdError as exc:
+                        # never accepted: nothing of it is in the journal; a resend runs it
+                        del self._running[k]
+                        self._turn.release()
+                        await self._respond(conn, fail(req.id, exc))
+                        return
                 assert self._nursery is not None
                 # runs in the worker's nursery: a dropped connection cannot abandon it
                 self._nursery.start_soon(self._execute, k, text, running, accepted)
@@ -623,13 +810,14 @@ class WorkerCore:
             )
 
     def _done_result(self, k: _journal.Key) -> tuple[bool, Any] | None:
-        """``(True, result)`` if completed, ``(False, None)`` if interrupted, else ``None``."""
+        """``(True, result)`` if completed, ``(False, started)`` if interrupted (``started``:
+        it may have run), else ``None``."""
         if self.journal is not None:
             state = self.journal.state
             if k in state.completed:
                 return (True, state.completed[k])
             if k in state.interrupted:
-                return (False, None)
+                return (False, k not in state.never_started)
             return None
         if k in self._memory_done:
             return (True, self._memory_done[k])
@@ -641,10 +829,16 @@ class WorkerCore:
             return False
         if self.journal is not None:
             # answer only from a durable record (it may have been written a moment ago)
-            await self.journal.sync(self.journal.written)
+            try:
+                await self.journal.sync(self.journal.written)
+            except AgentdError as exc:
+                await self._respond(conn, fail(req.id, _ran(exc)))
+                return True
         completed, result = done
         await self._respond(
-            conn, ok(req.id, result) if completed else fail(req.id, interrupted_error(k))
+            conn,
+            ok(req.id, result) if completed
+            else fail(req.id, interrupted_error(k, started=bool(result))),
         )
         return True
 
@@ -671,16 +865,27 @@ class WorkerCore:
                 # page cache, which a kill -9 of this process does not lose; if the machine
                 # dies first, the client was never answered and may safely resend it)
                 await self.journal.sync(accepted, inline=self._alone())
+            elif self.journal is not None and (lost := self.journal.lost(accepted)) is not None:
+                raise lost  # a flush failed after its acceptance: it never ran, a resend runs it
             seq = await self._run_turn(k, text, running, replay=replay)
+        except AgentdError as exc:
+            if exc.code != ErrorCode.STORAGE_ERROR:
+                raise
+            running.error = exc  # it never ran (_run_turn answers for a turn that ran)
+            seq = 0
         finally:
             self._turn.release()
             self._notify(Notice(kind="turn_done", turn=self.turns))
         if self.journal is not None:
-            with trio.CancelScope(shield=True):
-                await self.journal.sync(seq, inline=self._alone())
+            try:
+                with trio.CancelScope(shield=True):
+                    await self.journal.sync(seq, inline=self._alone())
+            except AgentdError as exc:
+                running.error = _ran(exc)  # the turn ran; its outcome is kept in the backlog
             if self.journal.wants_compaction():
                 if self.transcript is not None:
-                    self.transcript.sync()  # compaction forgets old results: keep the view
+                    with contextlib.suppress(OSError):  # logged when written; kept
+                        self.transcript.sync()  # compaction forgets old results: keep the view
                 self.journal.maybe_compact()
         self._running.pop(k, None)
         running.done.set()
@@ -703,6 +908,9 @@ class WorkerCore:
         )
         chunks: list[str] = []
         self._notify(Notice(kind="turn_started", turn=self.turns))
+        if journal is not None:
+            # not flushed on its own: it rides the outcome's flush (see _recover_one)
+            journal.append(_journal.started(k[0], k[1]))
         try:
             turn_chunks = self.agent.turn(text, ctx)
             async with _closing(turn_chunks):
@@ -712,18 +920,26 @@ class WorkerCore:
         except AgentdError as exc:
             log.warning("agent refused turn %s: %s", turn, exc.message)
             running.error = exc
-            return journal.append(_journal.interrupted(k[0], k[1])) if journal else 0
+            return self._outcome(running, _journal.interrupted(k[0], k[1]))
         except Exception as exc:
             log.exception("agent failed on turn %s", turn)
             running.error = AgentdError(ErrorCode.INTERNAL, f"agent failed: {exc}")
-            return journal.append(_journal.interrupted(k[0], k[1])) if journal else 0
+            return self._outcome(running, _journal.interrupted(k[0], k[1]))
         reply = "".join(chunks)
         result = {"session": self.session_id, "turn": turn, "reply": reply}
         if self.transcript is not None:
-            self.transcript.append(
-                {"kind": "turn", "turn": turn, "prompt": text, "reply": reply,
-                 "client_id": k[0], "id": k[1], "replayed": replay}
-            )
+            transcript = self.transcript
+            try:
+                transcript.append(
+                    {"kind": "turn", "turn": turn, "prompt": text, "reply": reply,
+                     "client_id": k[0], "id": k[1], "replayed": replay}
+                )
+            except OSError as exc:
+                # the line is kept (written before the next one) and the journal, the durable
+                # record, brings the transcript up to date at the next start: go on
+                with contextlib.suppress(OSError):
+                    await retried(transcript.write_pending, what=f"transcript {transcript.path}",
+                                  delays=self.timing.storage_retry_delays, log=log, failed=exc)
         else:
             self._memory_turns = turn
             self._memory_done[k] = result
@@ -731,7 +947,18 @@ class WorkerCore:
                 del self._memory_done[next(iter(self._memory_done))]
         self.turns_run += 1
         running.result = result
-        return journal.append(_journal.completed(k[0], k[1], result)) if journal else 0
+        return self._outcome(running, _journal.completed(k[0], k[1], result))
+
+    def _outcome(self, running: _Running, record: bytes) -> int:
+        """Journal the outcome of a turn that ran: its sequence number (0: nothing to wait
+        for). If it cannot be written it is kept, and its client told so."""
+        if self.journal is None:
+            return 0
+        try:
+            return self.journal.append(record, keep=True)
+        except AgentdError as exc:
+            running.error = _ran(exc)
+            return 0
 
 
 @contextlib.asynccontextmanager
@@ -761,13 +988,35 @@ def _registry_watcher(registry: Path, *, poll: bool) -> Any:
     return watcher
 
 
-def interrupted_error(k: _journal.Key) -> AgentdError:
+def interrupted_error(k: _journal.Key, *, started: bool = True) -> AgentdError:
+    """``started``: the turn had started (or may have), so its effects may have happened."""
+    if started:
+        advice = "it had started and may have had effects; check before sending it again"
+    else:
+        advice = "it never started; send it again"
     return AgentdError(
         ErrorCode.COMMAND_INTERRUPTED,
         f"command {k[1]} of client {k[0] or '?'} was interrupted by a worker restart and its"
-        " agent cannot replay it — send it again if you want it run",
-        {"client_id": k[0], "id": k[1]},
+        f" agent cannot replay it — {advice}",
+        {"client_id": k[0], "id": k[1], "started": started},
     )
+
+
+def _ran(exc: AgentdError) -> AgentdError:
+    """A ``storage_error`` for a turn that ran (its result is kept, a resend gets it)."""
+    cause = exc.__cause__
+    if exc.code == ErrorCode.STORAGE_ERROR and isinstance(cause, OSError):
+        return storage_error(exc.details.get("path", "?"), cause, ran=True)
+    return exc
+
+
+def _boot_id() -> str:
+    """This boot's id (Linux), or "" where there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 # --- the process shell ---------------------------------------------------------------------

@@ -6,9 +6,11 @@ Code never reads a bare number for a timeout or a period: it takes a :class:`Tim
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from . import _defaults
+from ._errors import AgentdError, ErrorCode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +50,39 @@ class Timing:
     # it is also bound to the supervisor's generation, so a replaced supervisor's grants die
     # with it whatever their expiry
     grant_ttl: float = 600.0
+    # a descriptor, owner-record or transcript write that failed (ENOSPC, EDQUOT, EFBIG, EIO)
+    # is logged and tried again after each of these delays, then given up on (logged again)
+    storage_retry_delays: tuple[float, ...] = field(default=(0.05, 0.25, 1.0))
+
+
+# The least value an override may set, per field (seconds). Anything run in a loop needs a
+# period that cannot make it spin: 10 ms. ``lock_poll`` is a back-off start (default 5 ms).
+# Waits that may be skipped (a grace period, a delay before a retry) may be 0. A field not
+# listed has the default floor. NaN and infinities are refused everywhere.
+DEFAULT_FLOOR = 0.01
+FLOORS: dict[str, float] = {
+    "lock_poll": 0.001,
+    "stop_grace": 0.0,  # 0: no grace, TERM then KILL at once
+    "kill_confirm_timeout": 0.0,
+    "drop_notice_timeout": 0.0,  # 0: drop without telling the supervisor
+    "worker_retry_delays": 0.0,  # each element; the list is bounded
+    "storage_retry_delays": 0.0,  # each element; the list is bounded
+    "max_deferred_recovery_rounds": 0,
+    "restart_intensity": 0,
+}
+# fields where 0 means "off" and is allowed below the floor
+ZERO_MEANS_OFF = frozenset({"idle_eviction"})
+
+
+class TimingError(AgentdError, ValueError):
+    """A bad ``TRIO_AGENTD_TIMING`` (an ``AgentdError`` ``config``; also a ``ValueError``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.CONFIG, message)
+
+
+def floor_of(name: str) -> float:
+    return FLOORS.get(name, DEFAULT_FLOOR)
 
 
 DEFAULT_TIMING = Timing()
@@ -57,7 +92,8 @@ def timing_from_env(base: Timing = DEFAULT_TIMING) -> Timing:
     """``base`` with overrides from ``TRIO_AGENTD_TIMING`` (a JSON object of field: seconds).
 
     For operators and end-to-end tests, e.g. ``TRIO_AGENTD_TIMING='{"self_check_interval": 60}'``.
-    Unknown fields or bad values raise ``ValueError`` naming them.
+    Unknown fields, NaN, infinities and values below a field's floor (:data:`FLOORS`) raise
+    :class:`TimingError` (``config``, a ``ValueError``) naming the field and the floor.
     """
     import os
 
@@ -70,29 +106,47 @@ def timing_from_env(base: Timing = DEFAULT_TIMING) -> Timing:
     try:
         overrides = json.loads(raw)
     except ValueError as exc:
-        raise ValueError(f"TRIO_AGENTD_TIMING is not JSON: {exc}") from None
+        raise TimingError(f"TRIO_AGENTD_TIMING is not JSON: {exc}") from None
     if not isinstance(overrides, dict):
-        raise ValueError("TRIO_AGENTD_TIMING must be a JSON object")
+        raise TimingError("TRIO_AGENTD_TIMING must be a JSON object")
     names = {f.name for f in dataclasses.fields(Timing)}
     unknown = set(overrides) - names
     if unknown:
-        raise ValueError(f"TRIO_AGENTD_TIMING has unknown fields: {sorted(unknown)}")
+        raise TimingError(f"TRIO_AGENTD_TIMING has unknown fields: {sorted(unknown)}")
     checked: dict[str, object] = {}
     for name, value in overrides.items():
         default = getattr(base, name)
+        floor = floor_of(name)
         if isinstance(default, tuple):
-            if not isinstance(value, list) or not all(_is_number(v) for v in value):
-                raise ValueError(f"TRIO_AGENTD_TIMING: {name} must be a list of seconds")
+            if not isinstance(value, list) or not all(_seconds_ok(v, floor) for v in value):
+                raise TimingError(
+                    f"TRIO_AGENTD_TIMING: {name} must be a list of finite seconds,"
+                    f" each >= {floor:g} (got {json.dumps(value)})"
+                )
             checked[name] = tuple(float(v) for v in value)
         elif type(default) is int:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"TRIO_AGENTD_TIMING: {name} must be a whole number >= 0")
+            if not isinstance(value, int) or isinstance(value, bool) or value < floor:
+                raise TimingError(
+                    f"TRIO_AGENTD_TIMING: {name} must be a whole number >= {floor:g}"
+                    f" (got {json.dumps(value)})"
+                )
             checked[name] = value
         else:
-            if not _is_number(value) or value < 0:
-                raise ValueError(f"TRIO_AGENTD_TIMING: {name} must be a number of seconds >= 0")
+            off = name in ZERO_MEANS_OFF and _is_number(value) and value == 0
+            if not off and not _seconds_ok(value, floor):
+                also = " (or 0: off)" if name in ZERO_MEANS_OFF else ""
+                raise TimingError(
+                    f"TRIO_AGENTD_TIMING: {name} must be a finite number of seconds >= {floor:g}"
+                    f"{also} (got {json.dumps(value)})"
+                )
             checked[name] = float(value)
     return dataclasses.replace(base, **checked)  # type: ignore[arg-type]
+
+
+def _seconds_ok(value: object, floor: float) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and (
+        math.isfinite(value) and value >= floor
+    )
 
 
 def _is_number(value: object) -> bool:

@@ -129,7 +129,8 @@ def test_worker_kill9_mid_prompt_non_replayable_agent_reports_command_interrupte
         assert out == ""
         assert p.returncode == 1
         assert "interrupted by a worker restart" in err
-        assert "send it again" in err
+        # it had started (its agent ran): the client is told to check before resending
+        assert "it had started and may have had effects; check before sending it again" in err
         runs = _runs(env.root)
         assert runs.count("start payload") == 1
         assert runs.count("done payload") == 0

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_agentd.timing import DEFAULT_TIMING, Timing, timing_from_env
+from trio_agentd._errors import AgentdError
+from trio_agentd.timing import DEFAULT_TIMING, FLOORS, Timing, floor_of, timing_from_env
 
 ENV = "TRIO_AGENTD_TIMING"
 
@@ -122,7 +123,7 @@ float_fields = [
 @given(
     st.dictionaries(
         st.sampled_from(float_fields),
-        st.floats(min_value=0, max_value=1e6, allow_nan=False),
+        st.floats(min_value=0.01, max_value=1e6, allow_nan=False),
         max_size=len(float_fields),
     )
 )
@@ -147,3 +148,94 @@ def test_idle_victims_only_ready_sessions_idle_long_enough() -> None:
     ]
     assert idle_victims(sessions, now=0.0, idle_eviction=5400.0) == ["ready-idle"]
     assert idle_victims(sessions, now=0.0, idle_eviction=0.0) == []
+
+
+# --- floors: no NaN, no infinity, nothing that makes a loop spin --------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "line"),
+    [
+        ('{"self_check_interval": NaN}',
+         "TRIO_AGENTD_TIMING: self_check_interval must be a finite number of seconds >= 0.01"
+         " (got NaN)"),
+        ('{"self_check_interval": 0}',
+         "TRIO_AGENTD_TIMING: self_check_interval must be a finite number of seconds >= 0.01"
+         " (got 0)"),
+        ('{"refence_interval": 0.001}',
+         "TRIO_AGENTD_TIMING: refence_interval must be a finite number of seconds >= 0.01"
+         " (got 0.001)"),
+        ('{"stop_grace": Infinity}',
+         "TRIO_AGENTD_TIMING: stop_grace must be a finite number of seconds >= 0 (got Infinity)"),
+        ('{"worker_connect_timeout": -Infinity}',
+         "TRIO_AGENTD_TIMING: worker_connect_timeout must be a finite number of seconds >= 0.01"
+         " (got -Infinity)"),
+        ('{"kill_confirm_timeout": -1}',
+         "TRIO_AGENTD_TIMING: kill_confirm_timeout must be a finite number of seconds >= 0"
+         " (got -1)"),
+        ('{"lock_poll": 1e-9}',
+         "TRIO_AGENTD_TIMING: lock_poll must be a finite number of seconds >= 0.001 (got 1e-09)"),
+        ('{"idle_sweep_period": 1e999}',
+         "TRIO_AGENTD_TIMING: idle_sweep_period must be a finite number of seconds >= 0.01"
+         " (got Infinity)"),
+        ('{"idle_eviction": 0.001}',
+         "TRIO_AGENTD_TIMING: idle_eviction must be a finite number of seconds >= 0.01"
+         " (or 0: off) (got 0.001)"),
+        ('{"worker_retry_delays": [0.25, NaN]}',
+         "TRIO_AGENTD_TIMING: worker_retry_delays must be a list of finite seconds, each >= 0"
+         " (got [0.25, NaN])"),
+        ('{"storage_retry_delays": [-0.5]}',
+         "TRIO_AGENTD_TIMING: storage_retry_delays must be a list of finite seconds, each >= 0"
+         " (got [-0.5])"),
+        ('{"restart_intensity": -1}',
+         "TRIO_AGENTD_TIMING: restart_intensity must be a whole number >= 0 (got -1)"),
+    ],
+)
+def test_nan_infinities_negatives_and_values_below_the_floor_are_refused(
+    env: pytest.MonkeyPatch, raw: str, line: str
+) -> None:
+    env.setenv(ENV, raw)
+    with pytest.raises(AgentdError) as info:
+        timing_from_env()
+    assert info.value.code == "config"
+    assert isinstance(info.value, ValueError)  # callers that catch ValueError still do
+    assert str(info.value) == line
+    assert "\n" not in str(info.value)
+
+
+def test_values_at_the_floor_and_zero_where_allowed_are_accepted(
+    env: pytest.MonkeyPatch,
+) -> None:
+    env.setenv(ENV, '{"self_check_interval": 0.01, "lock_poll": 0.001, "stop_grace": 0,'
+                    ' "idle_eviction": 0, "worker_retry_delays": [0, 0.5],'
+                    ' "storage_retry_delays": []}')
+    got = timing_from_env()
+    assert (got.self_check_interval, got.lock_poll, got.stop_grace) == (0.01, 0.001, 0.0)
+    assert got.idle_eviction == 0.0
+    assert (got.worker_retry_delays, got.storage_retry_delays) == ((0.0, 0.5), ())
+
+
+def test_every_default_is_at_or_above_its_floor() -> None:
+    assert set(FLOORS) <= {f.name for f in dataclasses.fields(Timing)}
+    for f in dataclasses.fields(Timing):
+        value = getattr(DEFAULT_TIMING, f.name)
+        for v in value if isinstance(value, tuple) else (value,):
+            assert v >= floor_of(f.name), f.name
+
+
+def test_daemon_refuses_a_busy_loop_override_in_one_line() -> None:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, ENV: '{"self_check_interval": 0}'}
+        cp = subprocess.run(
+            [sys.executable, "-m", "trio_agentd", "--socket", f"{d}/s.sock", "--home",
+             f"{d}/home", "daemon"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )
+    assert cp.returncode == 2
+    assert "Traceback" not in cp.stderr
+    assert "self_check_interval must be a finite number of seconds >= 0.01" in cp.stderr
