@@ -41,6 +41,7 @@ class _Connection:
         self.hello = hello
         self.pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
         self.closed = False
+        self.error: AgentdError | None = None  # why the reader stopped, if the peer broke it
 
     async def run_reader(self) -> None:
         try:
@@ -53,8 +54,12 @@ class _Connection:
                     if chan is not None:
                         with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
                             chan.send_nowait(msg)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except AgentdError as exc:  # a malformed or oversized frame: fail the calls with it
+            self.error = AgentdError(
+                exc.code, f"the supervisor sent a bad frame: {exc.message}", exc.details
+            )
         finally:
             self.closed = True
             for chan in self.pending.values():
@@ -119,6 +124,8 @@ class Client:
                 if msg.ok:
                     return msg.result
                 raise error_of(msg)
+            if conn.error is not None:
+                raise conn.error
             raise _Lost("the supervisor closed the connection")
         finally:
             conn.pending.pop(rid, None)
