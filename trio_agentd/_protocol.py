@@ -39,7 +39,8 @@ OPS = frozenset(
 # ids, op names and client ids are names: no control or bidi-control characters
 _NoControl = msgspec.Meta(pattern=f"\\A[^{CONTROL_CLASS}]*\\Z")
 Name = Annotated[str, _NoControl]
-RequestId = Name | int
+# integer ids are signed 64-bit (msgspec would take any size; other peers could not)
+RequestId = Name | Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class _Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
