@@ -647,3 +647,24 @@ def test_ps_table_escapes_every_cell(monkeypatch: pytest.MonkeyPatch) -> None:
     text = out.getvalue()
     assert not any(ord(c) in CONTROL_CODEPOINTS for c in text.replace("\n", "")), text
     assert "\\x1b]0;pwned\\x07" in text
+
+
+async def test_async_client_request_fails_with_the_bad_frame_not_a_retry() -> None:
+    from trio_agentd.timing import DEFAULT_TIMING
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    hello = Hello(protocol=1, app_version="x", generation="g", pid=1, start_id=None, socket="/s")
+    conn = _client._Connection(MessageStream(ours), hello)
+    peer = MessageStream(theirs)
+
+    async def answer_with_a_deep_frame() -> None:
+        await peer.receive_line()
+        await peer.send_raw(HOSTILE_FRAMES["deep_arrays_in_args"] + b"\n")
+
+    async with trio.open_nursery() as nursery:
+        client = _client.Client(nursery, _layout(), DEFAULT_TIMING, autostart=False)
+        client._conn = conn
+        nursery.start_soon(conn.run_reader)
+        nursery.start_soon(answer_with_a_deep_frame)
+        with pytest.raises(AgentdError, match="bad frame: invalid message: nested deeper"):
+            await client._exchange_once(1, "ping", {}, None)
