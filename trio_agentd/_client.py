@@ -59,6 +59,7 @@ class _Connection:
         self.hello = hello  # None on a direct route to a worker
         self.pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
         self.closed = False
+        self.error: AgentdError | None = None  # why the reader stopped, if the peer broke it
 
     async def run_reader(self) -> None:
         """Route responses and events by request id. A request whose consumer does not keep up
@@ -74,8 +75,12 @@ class _Connection:
                     if chan is not None:
                         with contextlib.suppress(trio.BrokenResourceError):
                             await chan.send(msg)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except AgentdError as exc:  # a malformed or oversized frame: fail the calls with it
+            self.error = AgentdError(
+                exc.code, f"the daemon sent a bad frame: {exc.message}", exc.details
+            )
         finally:
             self.closed = True
             for chan in self.pending.values():
@@ -155,6 +160,8 @@ class Client:
                 if msg.ok:
                     return msg.result
                 raise error_of(msg)
+            if conn.error is not None:
+                raise conn.error
             raise _Lost("the connection closed before the response")
         finally:
             conn.pending.pop(rid, None)

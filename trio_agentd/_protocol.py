@@ -7,11 +7,14 @@ authentication exchange.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+from ._depth import MAX_DEPTH as MAX_DEPTH
+from ._depth import nesting_depth
 from ._errors import AgentdError, ErrorCode
+from ._text import CONTROL_CLASS
 from ._version import APP_VERSION as APP_VERSION
 from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
 
@@ -34,7 +37,11 @@ OPS = frozenset(
     }
 )
 
-RequestId = str | int
+# ids, op names and client ids are names: no control or bidi-control characters
+_NoControl = msgspec.Meta(pattern=f"\\A[^{CONTROL_CLASS}]*\\Z")
+Name = Annotated[str, _NoControl]
+# integer ids are signed 64-bit (msgspec would take any size; other peers could not)
+RequestId = Name | Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class _Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
@@ -51,10 +58,15 @@ class Hello(_Msg, tag="hello"):
     capabilities: list[str] = msgspec.field(default_factory=list)
 
 
-class Request(_Msg, tag="request"):
+class Request(_Msg, tag="request", forbid_unknown_fields=True):
+    """A command. Unknown fields are refused (``bad_request`` naming the field): a typo such
+    as ``arg`` for ``args`` must not silently become an empty argument list. Other messages
+    accept unknown fields, so a newer supervisor's hello and responses still reach an older
+    client (which can then say ``version_mismatch``)."""
+
     id: RequestId
-    op: str
-    client_id: str = ""
+    op: Name
+    client_id: Name = ""
     args: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -138,14 +150,42 @@ def decode(line: bytes) -> Message:
 
     Raises:
         AgentdError: ``bad_request`` naming what is wrong (not JSON, not an object, unknown
-            type, a field of the wrong type).
+            type or field, a field of the wrong type, a name with control characters, a
+            number out of range, nesting deeper than ``MAX_DEPTH``). Never anything else.
     """
+    if nesting_depth(line) > MAX_DEPTH:
+        raise AgentdError(
+            ErrorCode.BAD_REQUEST, f"invalid message: nested deeper than {MAX_DEPTH} levels"
+        )
     try:
         return _decoder.decode(line)
     except msgspec.ValidationError as exc:
-        raise AgentdError(ErrorCode.BAD_REQUEST, f"invalid message: {exc}") from None
+        text = str(exc)
+        if text.startswith("Expected `str` matching regex"):  # the _NoControl pattern
+            where = text.rpartition(" - at ")[2]
+            text = f"control or bidi-control characters are not allowed - at {where}"
+        raise AgentdError(ErrorCode.BAD_REQUEST, f"invalid message: {text}") from None
     except msgspec.DecodeError as exc:
         raise AgentdError(ErrorCode.BAD_REQUEST, f"malformed JSON: {exc}") from None
+    except RecursionError:  # the depth limit should make this unreachable; never a traceback
+        raise AgentdError(ErrorCode.BAD_REQUEST, "invalid message: nested too deeply") from None
+
+
+class _IdOnly(msgspec.Struct):
+    id: RequestId | None = None
+
+
+_id_decoder = msgspec.json.Decoder(_IdOnly)
+
+
+def request_id_of(line: bytes) -> RequestId | None:
+    """The id of a frame :func:`decode` refused, when it has a valid one (to answer it)."""
+    if nesting_depth(line) > MAX_DEPTH:
+        return None
+    try:
+        return _id_decoder.decode(line).id
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
 
 
 def ok(request_id: RequestId | None, result: Any) -> Response:

@@ -9,6 +9,7 @@ import sys
 from ._doctor import Found, Outcome, RealHooks, execute, survey
 from ._doctor_plan import PROBLEMS, Repair, Status, Step, plan_repair, remedy
 from ._paths import Layout
+from ._text import printable
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:
@@ -55,9 +56,10 @@ def print_table(found: list[Found], *, out: Any = None) -> None:
     for f in found:
         j = f.as_json()
         status = str(f.verdict.status) + (f" ({f.verdict.cause})" if f.verdict.cause else "")
-        rows.append(["*" if j["is_default"] else "", f.socket, str(j["pid"] or "-"),
-                     str(j["app_version"] or "-"), status, str(j["sessions"]),
-                     _age(j["uptime_s"])])
+        # every cell escaped: a version or socket path read from files may hold escapes
+        rows.append([printable(c) for c in (
+            "*" if j["is_default"] else "", f.socket, str(j["pid"] or "-"),
+            str(j["app_version"] or "-"), status, str(j["sessions"]), _age(j["uptime_s"]))])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip(), file=out)
     for f, r in zip(found, rows, strict=True):
@@ -68,6 +70,7 @@ def print_table(found: list[Found], *, out: Any = None) -> None:
     footers = [remedy(f.socket, f.verdict) for f in found]
     for line in footers:
         if line:
+            line = printable(line)
             print(f"\033[31m{line}\033[0m" if colour else line, file=out)
 
 
@@ -91,11 +94,11 @@ def run_doctor(layout: Layout, *, fix: bool, dry_run: bool, as_json: bool) -> in
                 line = f"{sock}: {step}: {text}"
                 log_lines.append(line)
                 if not as_json:
-                    print(line)
+                    print(printable(line))
 
             outcomes[f.socket] = execute(repair, hooks, on_step=note)
             if repair.declined and not as_json:
-                print(repair.describe())
+                print(printable(repair.describe()))
     unfixed = [f for f, _ in plans if not (f.socket in outcomes and outcomes[f.socket].ok)]
     if as_json:
         rows = []
@@ -115,15 +118,15 @@ def run_doctor(layout: Layout, *, fix: bool, dry_run: bool, as_json: bool) -> in
         if dry_run:
             for _f, plan in plans:
                 if plan is not None:
-                    print(f"plan: {plan.describe()}")
+                    print(printable(f"plan: {plan.describe()}"))
         if fix and outcomes:
             for sock, outcome in outcomes.items():
                 if outcome.ok:
-                    print(f"{sock}: repaired — new supervisor pid {outcome.new_pid}"
-                          if outcome.new_pid else f"{sock}: repaired")
+                    print(printable(f"{sock}: repaired — new supervisor pid {outcome.new_pid}"
+                                    if outcome.new_pid else f"{sock}: repaired"))
                 elif outcome.failed:
-                    print(f"{sock}: NOT repaired — {outcome.failed[0]} failed:"
-                          f" {outcome.failed[1]}")
+                    print(printable(f"{sock}: NOT repaired — {outcome.failed[0]} failed:"
+                                    f" {outcome.failed[1]}"))
         if not problems:
             print("no problems found")
     return 3 if unfixed else 0

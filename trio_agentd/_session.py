@@ -16,11 +16,11 @@ from ._errors import AgentdError, ErrorCode
 
 log = logging.getLogger("trio_agentd.session")
 
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # used with fullmatch
 
 
 def check_session_id(session_id: str) -> str:
-    if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
         raise AgentdError(
             ErrorCode.BAD_REQUEST,
             f"invalid session id {session_id!r}: use 1-64 letters, digits, '.', '_' or '-'",

@@ -46,9 +46,11 @@ from ._protocol import (
     FrameTooLarge,
     Hello,
     Request,
+    RequestId,
     decode,
     fail,
     ok,
+    request_id_of,
 )
 from ._protocol import Event as EventMsg
 from ._recovery import Mode, idle_victims
@@ -727,6 +729,8 @@ def _str_arg(args: dict[str, Any], name: str) -> str:
     value = args.get(name)
     if not isinstance(value, str) or not value:
         raise AgentdError(ErrorCode.BAD_REQUEST, f"argument {name!r} must be a non-empty string")
+    if "\0" in value:  # a NUL reaches no path or argv: refuse it here, not as a traceback
+        raise AgentdError(ErrorCode.BAD_REQUEST, f"argument {name!r} must not contain NUL")
     return value
 
 
@@ -736,6 +740,8 @@ def _opt_str(args: dict[str, Any], name: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise AgentdError(ErrorCode.BAD_REQUEST, f"argument {name!r} must be a string")
+    if "\0" in value:
+        raise AgentdError(ErrorCode.BAD_REQUEST, f"argument {name!r} must not contain NUL")
     return value
 
 
@@ -752,13 +758,12 @@ def _opt_env(args: dict[str, Any]) -> dict[str, str] | None:
     return value
 
 
-def _guess_id(line: bytes) -> Any:
-    try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    rid = obj.get("id") if isinstance(obj, dict) else None
-    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
+def _guess_id(line: bytes) -> RequestId | None:
+    """The id to answer a refused frame with: its own if it has a valid one, else ``None``.
+
+    Never raises: no recursion on deep nesting, and never an id the encoder would refuse.
+    """
+    return request_id_of(line)
 
 
 def _peer_uid(stream: trio.SocketStream) -> int | None:

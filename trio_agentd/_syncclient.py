@@ -13,6 +13,7 @@ import socket
 import time
 
 from ._defaults import CLIENT, ClientTiming
+from ._depth import MAX_DEPTH, nesting_depth
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout, check_socket_path
 from ._trust import prove_peer, prove_socket_dir
@@ -52,6 +53,15 @@ class _Lost(Exception):
     """The connection ended before the response."""
 
 
+class _Malformed(AgentdError):
+    """The daemon sent a frame that is not a JSON object (or nests too deeply to read)."""
+
+
+def _dict(value: object) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else ``{}`` (a hostile peer's fields are not trusted)."""
+    return value if isinstance(value, dict) else {}
+
+
 class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -67,9 +77,15 @@ class _Conn:
                 return None
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
-        obj = json.loads(line)
+        if nesting_depth(line) > MAX_DEPTH:
+            raise _Malformed(ErrorCode.INTERNAL, f"daemon sent a frame nested >{MAX_DEPTH} deep")
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            kind = "nests too deeply" if isinstance(exc, RecursionError) else "is not JSON"
+            raise _Malformed(ErrorCode.INTERNAL, f"daemon sent a frame that {kind}") from None
         if not isinstance(obj, dict):
-            raise AgentdError(ErrorCode.INTERNAL, "daemon sent a non-object frame")
+            raise _Malformed(ErrorCode.INTERNAL, "daemon sent a non-object frame")
         return obj
 
     def send(self, obj: dict[str, Any]) -> None:
@@ -131,7 +147,7 @@ def probe(
             f' {timing.hello_timeout}s — run "trio-agentd doctor --fix"',
             {"wedged": True},
         ) from None
-    except (OSError, ValueError):
+    except (OSError, _Malformed):
         conn.close()
         return None
     if hello is None:
@@ -139,7 +155,7 @@ def probe(
         return None
     if hello.get("type") != "hello":
         conn.close()
-        err = hello.get("error") or {}
+        err = _dict(hello.get("error"))
         raise AgentdError(
             str(err.get("code", ErrorCode.INTERNAL)), str(err.get("message", "no hello"))
         )
@@ -254,21 +270,21 @@ class SyncClient:
                 raise _Lost("the supervisor closed the connection")
             if msg.get("id") != rid:
                 if msg.get("type") == "response" and msg.get("id") is None and not msg.get("ok"):
-                    err = msg.get("error") or {}
+                    err = _dict(msg.get("error"))
                     raise AgentdError(str(err.get("code")), str(err.get("message")))
                 continue
             if msg.get("type") == "event":
                 if on_event is not None:
-                    on_event(msg.get("event") or {})
+                    on_event(_dict(msg.get("event")))
                 continue
             if msg.get("type") == "response":
                 if msg.get("ok"):
                     return msg.get("result")
-                err = msg.get("error") or {}
+                err = _dict(msg.get("error"))
                 raise AgentdError(
                     str(err.get("code", ErrorCode.INTERNAL)),
                     str(err.get("message", "request failed")),
-                    err.get("details") or {},
+                    _dict(err.get("details")),
                 )
 
     def close(self) -> None:

@@ -53,6 +53,7 @@ from ._protocol import (
     decode,
     fail,
     ok,
+    request_id_of,
 )
 from ._session import Transcript
 from ._storage import errno_name, retried, storage_error, write_all
@@ -626,12 +627,15 @@ class WorkerCore:
             if line is None:
                 return
             try:
-                req = decode(line)
+                req = decode(line)  # raises nothing but AgentdError, whatever the line holds
             except AgentdError as exc:
-                await self._respond(conn, fail(None, exc))
+                await self._respond(conn, fail(request_id_of(line), exc))
                 continue
             if isinstance(req, Request):
                 handlers.start_soon(self._handle, conn, req)
+            else:
+                await self._respond(conn, fail(None, AgentdError(
+                    ErrorCode.BAD_REQUEST, f"expected a request, got {type(req).__name__}")))
 
     def _authenticate(self, msg: Auth, stream: trio.abc.Stream) -> str | None:
         if not hmac.compare_digest(msg.token.encode(), self._token.encode()):

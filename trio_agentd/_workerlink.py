@@ -133,6 +133,13 @@ async def link_over_stream(
         raise AgentdError(
             ErrorCode.WORKER_UNAVAILABLE, f"lost the worker during auth: {exc}"
         ) from None
+    except AgentdError as exc:
+        await ms.aclose()
+        if exc.code == ErrorCode.WORKER_UNAVAILABLE:
+            raise
+        raise AgentdError(  # a malformed or oversized frame
+            ErrorCode.WORKER_UNAVAILABLE, f"worker sent a bad frame during auth: {exc.message}"
+        ) from None
     except BaseException:
         await ms.aclose()
         raise

@@ -212,10 +212,14 @@ def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:
     if not rows:
         print("no sessions")
         return EXIT_OK
+    from ._text import printable
+
     headers = ["SESSION", "AGENT", "STATE", "PID", "RESTARTS", "TURNS", "IDLE"]
+    # every cell escaped: an agent spec may carry ANSI/OSC sequences or bidi overrides
     table = [
-        [r["session"], r["agent"], r["state"], str(r["pid"] or "-"), str(r["restarts"]),
-         str(r["turns"]), f"{r['idle_s']:.0f}s"]
+        [printable(str(c)) for c in (
+            r["session"], r["agent"], r["state"], r["pid"] or "-", r["restarts"], r["turns"],
+            f"{r['idle_s']:.0f}s")]
         for r in rows
     ]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
