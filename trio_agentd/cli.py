@@ -8,7 +8,6 @@ imports trio.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ from ._sessionid import SESSION_ID_RULE, is_session_id
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
+    import argparse  # imported where a parser is built: the warm path (-p) needs none
     from collections.abc import Sequence
     from typing import Any
 
@@ -72,6 +72,7 @@ class PromptArgs:
     """
 
     __slots__ = ("agent", "help", "home", "json", "session", "socket", "text", "verbose")
+    command = "prompt"
 
     def __init__(self) -> None:
         self.session = "default"
@@ -145,6 +146,8 @@ def parse_prompt_args(words: list[str], *, stdin_is_tty: bool) -> PromptArgs:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(
         prog="trio-agentd", description="Long-lived agent sessions that survive anything.",
         epilog=_EXIT_EPILOG,
@@ -218,8 +221,33 @@ def _command_index(argv: list[str]) -> int:
     return len(argv)
 
 
+def _parse_globals(words: list[str], into: PromptArgs) -> bool:
+    """Read the global options before ``-p`` into ``into`` (those after ``-p`` win).
+
+    False if there is anything else (``-h``, a typo, a missing value): argparse then answers.
+    """
+    i = 0
+    while i < len(words):
+        tok = words[i]
+        i += 1
+        if tok in ("-v", "--verbose"):
+            into.verbose = True
+            continue
+        name, eq, value = tok.partition("=")
+        if name not in _GLOBAL_WITH_VALUE:
+            return False
+        if not eq:
+            if i >= len(words):
+                return False
+            value = words[i]
+            i += 1
+        field = "home" if name == "--home" else "socket"
+        if getattr(into, field) is None:
+            setattr(into, field, value)
+    return True
+
+
 def run(argv: list[str]) -> int:
-    parser = _parser()
     argv = _rewrite(argv)
     at = _command_index(argv)
     prompt: PromptArgs | None = None
@@ -229,7 +257,12 @@ def run(argv: list[str]) -> int:
         except UsageError as exc:
             _error(f"{exc} (see trio-agentd -p --help)")
             return EXIT_USAGE
+        late = (prompt.socket, prompt.home)
+        if not prompt.help and _parse_globals(argv[:at], prompt):
+            return _run_command(prompt, prompt)  # the warm path: no argparse at all
+        prompt.socket, prompt.home = late
         argv = [*argv[: at + 1], *(["--help"] if prompt.help else [])]
+    parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -241,8 +274,12 @@ def run(argv: list[str]) -> int:
         args.socket = prompt.socket or args.socket
         args.home = prompt.home or args.home
         args.verbose = prompt.verbose or args.verbose
+    return _run_command(args, prompt)
+
+
+def _run_command(args: Any, prompt: PromptArgs | None) -> int:
     try:
-        code = _dispatch(parser, args, prompt)
+        code = _dispatch(args, prompt)
         sys.stdout.flush()  # here, not at exit: a closed stdout must end us quietly
         return code
     except _StdoutClosed:
@@ -254,8 +291,7 @@ def run(argv: list[str]) -> int:
         return EXIT_FAIL
 
 
-def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace,
-              prompt: PromptArgs | None) -> int:
+def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
     try:
         layout = Layout.resolve(socket=args.socket, home=args.home)
         match args.command:

@@ -114,3 +114,31 @@ def test_stdin_that_is_not_utf8_fails_or_succeeds_cleanly(denv: DaemonEnv) -> No
         assert cp.stderr.count(b"\n") == 1
     # the daemon is still fine
     assert ok(cli(denv, "-p", "after")).endswith("after\n")
+
+
+WARM_PATH_PROBE = """
+import sys
+before = set(sys.modules)
+from trio_agentd import cli
+code = cli.run(sys.argv[1:])
+sys.stdout.flush()
+print(" ".join(sorted(set(sys.modules) - before)), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_warm_prompt_builds_no_argparse_parser_and_imports_no_heavy_module(
+        denv: DaemonEnv) -> None:
+    ok(cli(denv, "-p", "warm up"))
+    cp = subprocess.run(
+        [sys.executable, "-c", WARM_PATH_PROBE, "--socket", denv.socket, "-v", "-p", "hi",
+         "-s", "default"],
+        env=denv.env, capture_output=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == b"[echo turn 2] hi\n"
+    loaded = set(cp.stderr.decode().split())
+    assert "trio_agentd._syncclient" in loaded
+    heavy = {"argparse", "shutil", "trio", "dataclasses", "typing", "pathlib", "datetime",
+             "trio_agentd._session"}
+    assert not loaded & heavy, loaded & heavy

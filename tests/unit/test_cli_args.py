@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from trio_agentd._errors import AgentdError
 from trio_agentd._session import check_session_id
 from trio_agentd._sessionid import SESSION_ID_RULE, is_session_id
-from trio_agentd.cli import PromptArgs, UsageError, _command_index, _rewrite, parse_prompt_args
+from trio_agentd.cli import (
+    PromptArgs,
+    UsageError,
+    _command_index,
+    _parse_globals,
+    _rewrite,
+    parse_prompt_args,
+)
 
 
 def parse(*words: str, tty: bool = True) -> PromptArgs:
@@ -151,3 +158,17 @@ def test_session_id_rule_matches_its_description(value: str) -> None:
         1 <= len(value) <= 64 and set(value) <= allowed and value[0] not in "._-"
     )
     assert is_session_id(value) == expected
+
+
+def test_globals_before_dash_p_fill_only_what_after_did_not_set() -> None:
+    got = parse("hi", "--socket", "/late")
+    assert _parse_globals(["--socket", "/early", "--home=/h", "-v"], got)
+    assert (got.socket, got.home, got.verbose) == ("/late", "/h", True)
+    got = parse("hi")
+    assert _parse_globals(["--daemon-socket=/d"], got)
+    assert got.socket == "/d"
+
+
+@pytest.mark.parametrize("words", [["-h"], ["--socket"], ["--bogus"], ["-v", "--home"]])
+def test_anything_else_before_dash_p_is_left_to_argparse(words: list[str]) -> None:
+    assert not _parse_globals(words, parse("hi"))
