@@ -7,23 +7,20 @@ import datetime as _dt
 import json
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from . import _fs, _storage
 from ._errors import AgentdError, ErrorCode
+from ._sessionid import SESSION_ID_RULE, is_session_id
 
 log = logging.getLogger("trio_agentd.session")
 
-_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # used with fullmatch
-
 
 def check_session_id(session_id: str) -> str:
-    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+    if not is_session_id(session_id):
         raise AgentdError(
-            ErrorCode.BAD_REQUEST,
-            f"invalid session id {session_id!r}: use 1-64 letters, digits, '.', '_' or '-'",
+            ErrorCode.BAD_REQUEST, f"invalid session id {session_id!r}: use {SESSION_ID_RULE}"
         )
     return session_id
 

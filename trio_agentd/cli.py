@@ -1,27 +1,36 @@
 """The ``trio-agentd`` command line: the only place that calls ``trio.run`` and picks exit codes.
 
-Exit codes: 0 success, 1 failure, 2 usage error, 3 ``doctor`` found a problem it did not fix.
+Exit codes: 0 success, 1 failure, 2 usage error, 3 ``doctor`` found a problem it did not fix,
+141 (128 + SIGPIPE, as ``yes | head``) stdout was closed before everything was written.
 The warm path (``trio-agentd -p TEXT`` with a daemon running) uses the blocking client and never
 imports trio.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
+from ._sessionid import SESSION_ID_RULE, is_session_id
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
+    import argparse  # imported where a parser is built: the warm path (-p) needs none
     from collections.abc import Sequence
     from typing import Any
 
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DOCTOR = 0, 1, 2, 3
+EXIT_PIPE = 128 + 13  # stdout closed early: the status a shell reports for death by SIGPIPE
+
+_EXIT_EPILOG = (
+    "exit status: 0 success, 1 failure, 2 usage error, 3 doctor found a problem it did not fix,"
+    " 141 stdout was closed early (e.g. `trio-agentd -p ... | head -1`): like `yes | head`"
+    " (128 + SIGPIPE), the command ends quietly, without a message"
+)
 
 _GLOBAL_WITH_VALUE = {"--socket", "--daemon-socket", "--home", "--registry"}
 
@@ -51,9 +60,97 @@ def _rewrite(argv: list[str]) -> list[str]:
     return out
 
 
+class UsageError(Exception):
+    """A bad command line: the CLI prints the message and exits 2, before contacting a daemon."""
+
+
+class PromptArgs:
+    """What follows ``-p`` / ``prompt``. ``text`` is None when the prompt is to be read from stdin.
+
+    Global options (``--socket``, ``--home``, ``-v``) are accepted here too; ``None`` / False when
+    not given after ``-p``.
+    """
+
+    __slots__ = ("agent", "help", "home", "json", "session", "socket", "text", "verbose")
+    command = "prompt"
+
+    def __init__(self) -> None:
+        self.session = "default"
+        self.agent: str | None = None
+        self.json = False
+        self.text: str | None = None
+        self.socket: str | None = None
+        self.home: str | None = None
+        self.verbose = False
+        self.help = False
+
+
+_PROMPT_VALUE_OPTS = {
+    "-s": "session", "--session": "session", "--agent": "agent",
+    "--socket": "socket", "--daemon-socket": "socket", "--home": "home",
+}
+_PROMPT_FLAG_OPTS = {"--json": "json", "-v": "verbose", "--verbose": "verbose"}
+
+
+def parse_prompt_args(words: list[str], *, stdin_is_tty: bool) -> PromptArgs:
+    """Parse the words after ``-p``: options anywhere, ``--`` ends them, TEXT words join with " ".
+
+    The prompt comes from stdin (``text`` None) when TEXT is exactly ``-``, or when there is no
+    TEXT and stdin is not a terminal. Pure: ``stdin_is_tty`` is the caller's ``isatty()``.
+
+    Raises:
+        UsageError: unknown option, option without its value, invalid session id, no TEXT on
+            a terminal.
+    """
+    got = PromptArgs()
+    text: list[str] = []
+    i = 0
+    while i < len(words):
+        tok = words[i]
+        i += 1
+        if tok == "--":
+            text += words[i:]
+            break
+        if tok == "-" or not tok.startswith("-") or tok[1:2].isdigit():  # "-", a word, "-5"
+            text.append(tok)
+            continue
+        if tok in ("-h", "--help"):
+            got.help = True
+            return got
+        if tok in _PROMPT_FLAG_OPTS:
+            setattr(got, _PROMPT_FLAG_OPTS[tok], True)
+            continue
+        name, eq, value = tok.partition("=") if tok.startswith("--") else (tok, "", "")
+        if not eq and name not in _PROMPT_VALUE_OPTS and tok[:2] == "-s":
+            name, eq, value = "-s", "=", tok[2:]  # -sNAME, as argparse allows
+        if name not in _PROMPT_VALUE_OPTS:
+            raise UsageError(
+                f"unknown option {tok!r} — to send it as text, put it after --"
+                f" (trio-agentd -p -- {tok})"
+            )
+        if not eq:
+            if i >= len(words):
+                raise UsageError(f"{name} needs a value")
+            value = words[i]
+            i += 1
+        setattr(got, _PROMPT_VALUE_OPTS[name], value)
+    if not is_session_id(got.session):
+        raise UsageError(f"invalid session id {got.session!r}: use {SESSION_ID_RULE}")
+    if text == ["-"] or (not text and not stdin_is_tty):
+        got.text = None
+    elif not text:
+        raise UsageError("prompt needs TEXT — e.g. trio-agentd -p hello, or a prompt on stdin")
+    else:
+        got.text = " ".join(text)
+    return got
+
+
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(
-        prog="trio-agentd", description="Long-lived agent sessions that survive anything."
+        prog="trio-agentd", description="Long-lived agent sessions that survive anything.",
+        epilog=_EXIT_EPILOG,
     )
     p.add_argument("--socket", "--daemon-socket", dest="socket", help="supervisor socket path")
     p.add_argument("--home", help="state directory (default: platform state dir)")
@@ -65,11 +162,21 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("daemon", help="run the supervisor in the foreground")
     d.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
 
-    pr = sub.add_parser("prompt", help="send a prompt to a session (also: -p)")
-    pr.add_argument("-s", "--session", default="default")
+    # only for --help: parse_prompt_args parses what follows "prompt" / "-p"
+    pr = sub.add_parser(
+        "prompt", help="send a prompt to a session (also: -p)",
+        usage="trio-agentd -p [-s SESSION] [--agent AGENT] [--json] [--] [TEXT ... | -]",
+        description="Send TEXT (its words joined with spaces) to a session and print the answer"
+        " as it streams. Options may come before or after TEXT; after -- everything is TEXT."
+        " With TEXT '-', or no TEXT and stdin not a terminal, the prompt is stdin (UTF-8, one"
+        " trailing newline dropped): echo hello | trio-agentd -p",
+        epilog=_EXIT_EPILOG,
+    )
+    pr.add_argument("-s", "--session", default="default",
+                    help=f"session id (default: default): {SESSION_ID_RULE}")
     pr.add_argument("--agent", default=None, help="agent for a new session (default: echo)")
     pr.add_argument("--json", action="store_true", help="print the result as JSON")
-    pr.add_argument("text", nargs=argparse.REMAINDER)
+    pr.add_argument("text", nargs="*", metavar="TEXT")
 
     s = sub.add_parser("sessions", help="list sessions")
     s.add_argument("--json", action="store_true")
@@ -103,22 +210,98 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(run(list(sys.argv[1:] if argv is None else argv)))
 
 
+def _command_index(argv: list[str]) -> int:
+    """Index of the subcommand in (rewritten) ``argv``: the first word that is no global option."""
+    i = 0
+    while i < len(argv):
+        if argv[i] in _GLOBAL_WITH_VALUE:
+            i += 2
+        elif argv[i].startswith("-"):
+            i += 1
+        else:
+            return i
+    return len(argv)
+
+
+def _parse_globals(words: list[str], into: PromptArgs) -> bool:
+    """Read the global options before ``-p`` into ``into`` (those after ``-p`` win).
+
+    False if there is anything else (``-h``, a typo, a missing value): argparse then answers.
+    """
+    i = 0
+    while i < len(words):
+        tok = words[i]
+        i += 1
+        if tok in ("-v", "--verbose"):
+            into.verbose = True
+            continue
+        name, eq, value = tok.partition("=")
+        if name not in _GLOBAL_WITH_VALUE:
+            return False
+        if not eq:
+            if i >= len(words):
+                return False
+            value = words[i]
+            i += 1
+        field = "home" if name == "--home" else "socket"
+        if getattr(into, field) is None:
+            setattr(into, field, value)
+    return True
+
+
 def run(argv: list[str]) -> int:
+    argv = _rewrite(argv)
+    at = _command_index(argv)
+    prompt: PromptArgs | None = None
+    if argv[at : at + 1] == ["prompt"]:
+        try:
+            prompt = parse_prompt_args(argv[at + 1 :], stdin_is_tty=_stdin_is_tty())
+        except UsageError as exc:
+            _error(f"{exc} (see trio-agentd -p --help)")
+            return EXIT_USAGE
+        late = (prompt.socket, prompt.home)
+        if not prompt.help and _parse_globals(argv[:at], prompt):
+            return _run_command(prompt, prompt)  # the warm path: no argparse at all
+        prompt.socket, prompt.home = late
+        argv = [*argv[: at + 1], *(["--help"] if prompt.help else [])]
     parser = _parser()
     try:
-        args = parser.parse_args(_rewrite(argv))
+        args = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
     if args.command is None:
         parser.print_usage(sys.stderr)
         return EXIT_USAGE
+    if prompt is not None:  # global options given after -p
+        args.socket = prompt.socket or args.socket
+        args.home = prompt.home or args.home
+        args.verbose = prompt.verbose or args.verbose
+    return _run_command(args, prompt)
+
+
+def _run_command(args: Any, prompt: PromptArgs | None) -> int:
+    try:
+        code = _dispatch(args, prompt)
+        sys.stdout.flush()  # here, not at exit: a closed stdout must end us quietly
+        return code
+    except _StdoutClosed:
+        return _quiet_pipe_exit()
+    except BrokenPipeError as exc:
+        if _stdout_broken():
+            return _quiet_pipe_exit()
+        _report_os_error(exc)
+        return EXIT_FAIL
+
+
+def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
     try:
         layout = Layout.resolve(socket=args.socket, home=args.home, registry=args.registry)
         match args.command:
             case "daemon":
                 return _cmd_daemon(layout, args)
             case "prompt":
-                return _cmd_prompt(layout, args)
+                assert prompt is not None
+                return _cmd_prompt(layout, prompt)
             case "sessions":
                 return _cmd_sessions(layout, args)
             case "kill":
@@ -140,9 +323,10 @@ def run(argv: list[str]) -> int:
     except AgentdError as exc:
         _error(exc.message)
         return EXIT_FAIL
+    except BrokenPipeError:
+        raise  # run() tells a closed stdout from any other broken pipe
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        _error(f"{exc.strerror or exc}{where} — check the path and its permissions")
+        _report_os_error(exc)
         return EXIT_FAIL
     except KeyboardInterrupt:
         return 130
@@ -153,6 +337,83 @@ def _error(message: str) -> None:
     print(f"trio-agentd: error: {message}", file=sys.stderr)
 
 
+def _report_os_error(exc: OSError) -> None:
+    where = f" ({exc.filename})" if exc.filename else ""
+    _error(f"{exc.strerror or exc}{where} — check the path and its permissions")
+
+
+class _StdoutClosed(Exception):
+    """Writing an answer hit EPIPE. Not an OSError: the client must not take it for a lost
+    connection (and resend), nor the CLI for a path problem."""
+
+
+def _quiet_pipe_exit() -> int:
+    """Stdout's reader is gone: exit 141 without a word, as ``yes | head`` does."""
+    try:  # what is still buffered would fail again in the interpreter's flush at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_PIPE
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe nobody reads any more (poll reports POLLERR for it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _stdin_is_tty() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+class _Answer:
+    """Writes answers to stdout as UTF-8 bytes, whatever the terminal's encoding; a lone
+    surrogate from undecodable input goes back out as the byte it came from."""
+
+    def __init__(self) -> None:
+        self.buffer = getattr(sys.stdout, "buffer", None)
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        try:
+            if self.buffer is None:  # stdout replaced by a text-only stream
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                return
+            try:
+                data = text.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # a surrogate that was never a byte
+                data = text.encode("utf-8", "backslashreplace")
+            self.buffer.write(data)
+            self.buffer.flush()
+        except BrokenPipeError:
+            raise _StdoutClosed from None
+
+
+def _read_prompt_from_stdin() -> str | None:
+    """The prompt on stdin, one trailing newline dropped; None if stdin is empty or closed."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        return None
+    data: bytes = stream.read()
+    if not data:
+        return None
+    text = data.decode("utf-8", "surrogateescape")
+    return text[:-1] if text.endswith("\n") else text
+
+
 def _client(layout: Layout, *, autostart: bool = True) -> Any:
     from ._syncclient import SyncClient
 
@@ -161,16 +422,15 @@ def _client(layout: Layout, *, autostart: bool = True) -> Any:
     return client
 
 
-def _cmd_prompt(layout: Layout, args: argparse.Namespace) -> int:
-    words = list(args.text)
-    if words and words[0] == "--":
-        words = words[1:]
-    if not words:
-        _error("prompt needs TEXT — e.g. trio-agentd -p hello")
-        return EXIT_USAGE
-    text = " ".join(words)
+def _cmd_prompt(layout: Layout, args: PromptArgs) -> int:
+    text = args.text
+    if text is None:
+        text = _read_prompt_from_stdin()
+        if text is None:
+            _error("prompt needs TEXT: none given and stdin was empty — e.g. trio-agentd -p hello")
+            return EXIT_USAGE
     client = _client(layout)
-    out = sys.stdout
+    out = _Answer()
     printed: list[str] = []
 
     def on_event(event: dict[str, Any]) -> None:
@@ -179,7 +439,6 @@ def _cmd_prompt(layout: Layout, args: argparse.Namespace) -> int:
         chunk = str(event.get("text", ""))
         printed.append(chunk)
         out.write(chunk)
-        out.flush()
 
     result = client.request(
         "prompt",
@@ -188,7 +447,7 @@ def _cmd_prompt(layout: Layout, args: argparse.Namespace) -> int:
     )
     client.close()
     if args.json:
-        print(json.dumps(result))
+        out.write(json.dumps(result) + "\n")
         return EXIT_OK
     reply = str(result.get("reply", "")) if isinstance(result, dict) else str(result)
     shown = "".join(printed)
