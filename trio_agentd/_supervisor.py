@@ -58,6 +58,7 @@ from ._registry import Ownership, Registry
 from ._session import check_session_id, read_meta, write_meta
 from ._stream import MessageStream
 from ._trust import agent_environment, make_private_dirs, prove_socket_dir
+from ._workerlink import WorkerDropped
 from .agents._base import validate_agent_spec
 from .timing import DEFAULT_TIMING, Timing
 
@@ -592,6 +593,7 @@ class Supervisor:
             case "status":
                 return self.status()
             case "sessions":
+                await self._refresh_from_workers()
                 return [h.summary() for h in sorted(self.sessions.values(),
                                                      key=lambda h: h.session_id)]
             case "create_session":
@@ -660,6 +662,26 @@ class Supervisor:
             "grant": make_grant(h.token, h.session_id, self.generation, expires),
             "expires": expires,
         }
+
+    async def _refresh_from_workers(self) -> None:
+        """Turns and activity as each worker says now (clients prompt workers directly; the
+        notices a worker sends may still be on their way)."""
+
+        async def ask(h: WorkerHandle) -> None:
+            link = h.link
+            if link is None or link.closed.is_set():
+                return
+            with contextlib.suppress(WorkerDropped, AgentdError):
+                response = await link.call("status", {}, client_id="")
+                status = response.result if response.ok else None
+                if isinstance(status, dict) and isinstance(status.get("turns"), int):
+                    h.turns = max(h.turns, status["turns"])
+                    h.busy = bool(status.get("busy"))
+
+        with trio.move_on_after(self.timing.status_timeout):
+            async with trio.open_nursery() as nursery:
+                for h in list(self.sessions.values()):
+                    nursery.start_soon(ask, h)
 
     def _known(self, session_id: str) -> WorkerHandle:
         h = self.sessions.get(session_id)

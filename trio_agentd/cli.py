@@ -71,7 +71,9 @@ class PromptArgs:
     not given after ``-p``.
     """
 
-    __slots__ = ("agent", "help", "home", "json", "session", "socket", "text", "verbose")
+    __slots__ = (
+        "agent", "help", "home", "json", "registry", "session", "socket", "text", "verbose"
+    )
     command = "prompt"
 
     def __init__(self) -> None:
@@ -81,6 +83,7 @@ class PromptArgs:
         self.text: str | None = None
         self.socket: str | None = None
         self.home: str | None = None
+        self.registry: str | None = None
         self.verbose = False
         self.help = False
 
@@ -243,7 +246,7 @@ def _parse_globals(words: list[str], into: PromptArgs) -> bool:
                 return False
             value = words[i]
             i += 1
-        field = "home" if name == "--home" else "socket"
+        field = {"--home": "home", "--registry": "registry"}.get(name, "socket")
         if getattr(into, field) is None:
             setattr(into, field, value)
     return True

@@ -50,6 +50,8 @@ class Timing:
     # it is also bound to the supervisor's generation, so a replaced supervisor's grants die
     # with it whatever their expiry
     grant_ttl: float = 600.0
+    # how long ``sessions`` waits for the workers' own counts before it answers with its own
+    status_timeout: float = 0.5
     # a descriptor, owner-record or transcript write that failed (ENOSPC, EDQUOT, EFBIG, EIO)
     # is logged and tried again after each of these delays, then given up on (logged again)
     storage_retry_delays: tuple[float, ...] = field(default=(0.05, 0.25, 1.0))
