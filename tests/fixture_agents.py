@@ -32,7 +32,7 @@ class _Slow:
         _append(f"start {prompt}")
         await trio.sleep(float(os.environ.get("TA_FIXTURE_DELAY", "1.0")))
         _append(f"done {prompt}")
-        yield f"[slow turn {ctx.turn}] {prompt}"
+        yield f"[slow turn {ctx.turn}] {prompt}\n"
 
 
 class SlowReplayable(_Slow):

@@ -9,7 +9,9 @@ nothing runs twice.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import inspect
 import itertools
 import os
 import socket as _socket
@@ -34,7 +36,7 @@ from ._protocol import (
     error_of,
 )
 from ._stream import MessageStream
-from ._syncclient import CREATING_OPS, creator_args
+from ._syncclient import CREATING_OPS, Output, creator_args
 from ._trust import isolated_python, prove_peer, prove_socket_dir
 from .timing import DEFAULT_TIMING, Timing
 
@@ -155,7 +157,9 @@ class Client:
             async for msg in recv:
                 if isinstance(msg, Event):
                     if on_event is not None:
-                        on_event(msg.event)
+                        handled = on_event(msg.event)
+                        if inspect.isawaitable(handled):
+                            await handled  # an async sink: its pace is the reader's
                     continue
                 if msg.ok:
                     return msg.result
@@ -201,11 +205,10 @@ class Client:
         budget = 0.0 if op in _NO_RESEND else RETRY_FOR
         deadline = trio.current_time() + budget
         delay = 0.025
-        resent = False
         while True:
             try:
                 return await self._exchange_once(
-                    rid, op, args, None if resent else on_event
+                    rid, op, args, on_event
                 )
             except _Lost as exc:
                 error: Exception = exc
@@ -223,7 +226,6 @@ class Client:
                 ) from None
             await trio.sleep(delay)
             delay = min(delay * 2, 1.0)
-            resent = True
 
     # the data plane ------------------------------------------------------------------------
     async def _prompt_direct(
@@ -241,13 +243,13 @@ class Client:
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False}
         deadline = trio.current_time() + RETRY_FOR
         delay = 0.025
-        fresh = resent = False
+        fresh = False
         while True:
             route = await self._route(session, args, agent, fresh=fresh)
             try:
                 conn = await self._attached(session, route)
                 return await self._exchange_on(
-                    conn, rid, "prompt", worker_args, None if resent else on_event
+                    conn, rid, "prompt", worker_args, on_event
                 )
             except _Lost as exc:
                 error: Exception = exc
@@ -265,7 +267,7 @@ class Client:
                 ) from None
             await trio.sleep(delay)
             delay = min(delay * 2, 1.0)
-            fresh = resent = True
+            fresh = True
 
     async def _route(
         self, session: str, args: dict[str, Any], agent: Any, *, fresh: bool
@@ -303,19 +305,40 @@ class Client:
             self._nursery.start_soon(conn.ms.aclose)
 
     async def prompt(self, session: str, text: str, *, agent: str | None = None) -> str:
-        """Send a prompt and return the whole reply."""
+        """Send a prompt and return the whole reply (bytes that are not UTF-8 are replaced)."""
+        return (await self.prompt_bytes(session, text, agent=agent)).decode(errors="replace")
+
+    async def prompt_bytes(self, session: str, text: str, *, agent: str | None = None) -> bytes:
+        """Send a prompt and return the whole output, byte for byte."""
+        parts: list[bytes] = []
+        output = Output(parts.append)
         result = await self.request(
-            "prompt", {"session": session, "text": text, "agent": agent, "stream": False}
+            "prompt", {"session": session, "text": text, "agent": agent, "stream": False},
+            on_event=output.on_event,
         )
-        return str(result.get("reply", "")) if isinstance(result, dict) else str(result)
+        output.finish(result)
+        return b"".join(parts)
 
     async def stream_prompt(
         self, session: str, text: str, *, agent: str | None = None
     ) -> AsyncIterator[str]:
-        """Yield the reply's chunks as the agent produces them.
+        """Yield the reply's text as the agent produces it (see :meth:`stream_prompt_bytes`)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        async for data in self.stream_prompt_bytes(session, text, agent=agent):
+            if piece := decoder.decode(data):
+                yield piece
+        if tail := decoder.decode(b"", final=True):
+            yield tail
 
-        After a lost connection the rest of the reply arrives as one final chunk, so the
-        chunks always add up to the whole reply.
+    async def stream_prompt_bytes(
+        self, session: str, text: str, *, agent: str | None = None
+    ) -> AsyncIterator[bytes]:
+        """Yield the output's bytes as the agent produces them, each exactly once, even across
+        a resend after a lost connection.
+
+        Backpressure: a consumer that stops iterating stops this client reading, and so the
+        worker sending, and so the agent (its pipe fills): nothing is dropped or buffered
+        without bound.
 
         Raises:
             AgentdError: the prompt failed (its wire code) or no supervisor could be reached.
@@ -323,32 +346,31 @@ class Client:
         Cancellation: stops reading; the prompt still completes in its worker (it runs in
         the client's own nursery, not in this generator).
         """
-        send, recv = trio.open_memory_channel[str](1024)
+        send, recv = trio.open_memory_channel[bytes](_EVENTS_BUFFERED)
         failure: list[AgentdError] = []
 
         async def run() -> None:
-            shown: list[str] = []
-
-            def chunk(event: dict[str, Any]) -> None:
-                text = str(event.get("text", ""))
-                shown.append(text)
-                with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
-                    send.send_nowait(text)
-
             async with send:
+                pending: list[bytes] = []
+                output = Output(pending.append)
+
+                async def on_event(event: dict[str, Any]) -> None:
+                    output.on_event(event)
+                    while pending:
+                        await send.send(pending.pop(0))
+
                 try:
                     result = await self.request(
                         "prompt", {"session": session, "text": text, "agent": agent},
-                        on_event=chunk,
+                        on_event=on_event,
                     )
+                    output.finish(result)
+                    for data in pending:
+                        await send.send(data)
                 except AgentdError as exc:
                     failure.append(exc)
-                    return
-                reply = str(result.get("reply", "")) if isinstance(result, dict) else ""
-                seen = "".join(shown)
-                if reply != seen:
-                    with contextlib.suppress(trio.BrokenResourceError):
-                        await send.send(reply[len(seen):] if reply.startswith(seen) else reply)
+                except trio.BrokenResourceError:
+                    pass  # the consumer went away
 
         self._nursery.start_soon(run)
         async for piece in recv:

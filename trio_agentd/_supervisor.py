@@ -709,9 +709,11 @@ class Supervisor:
 
         response = await h.call(
             "prompt",
-            {"text": text, "command_id": req.id},
+            # the worker decides what to stream: everything if asked, else only an answer too
+            # big to come whole
+            {"text": text, "command_id": req.id, "stream": args.get("stream", True) is not False},
             client_id=req.client_id,
-            on_event=relay if args.get("stream", True) else None,
+            on_event=relay,
         )
         if not response.ok:
             from ._protocol import error_of

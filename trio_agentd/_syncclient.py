@@ -49,6 +49,49 @@ def creator_args(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class Output:
+    """A turn's output from its chunk events: exactly one copy of every byte, in order.
+
+    Each chunk carries its offset (``at``), so the output sent again after a resend (from the
+    start) is skipped where it was already seen; a final ``reply`` fills in what no chunk
+    carried (a client that did not stream, a small answer).
+    """
+
+    __slots__ = ("sink", "size")
+
+    def __init__(self, sink: Callable[[bytes], object]) -> None:
+        self.sink = sink
+        self.size = 0
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") != "chunk":
+            return
+        data = event.get("data")
+        if isinstance(data, str):
+            import base64
+
+            data = base64.b64decode(data)
+        if not isinstance(data, bytes):
+            return
+        at = event.get("at")
+        at = at if isinstance(at, int) and not isinstance(at, bool) else self.size
+        if at > self.size:
+            raise AgentdError(ErrorCode.INTERNAL, f"output chunk at {at} after only {self.size}"
+                              " bytes: a chunk was lost")
+        end = at + len(data)
+        if end > self.size:
+            self.sink(data[self.size - at :])
+            self.size = end
+
+    def finish(self, result: Any) -> None:
+        reply = result.get("reply") if isinstance(result, dict) else None
+        if isinstance(reply, str):
+            data = reply.encode(errors="surrogateescape")
+            if len(data) > self.size:
+                self.sink(data[self.size :])
+                self.size = len(data)
+
+
 class _Lost(Exception):
     """The connection ended before the response."""
 
@@ -216,7 +259,8 @@ class SyncClient:
         autostarting a supervisor if needed — with capped backoff for up to ``retry_for``
         seconds (default 60; 0 for ops that must not be resent) and resend the command with
         the *same* id: the worker's journal answers a resend of a command that already ran.
-        Events are relayed only from the first attempt; ``resent`` tells the caller.
+        Events are relayed from every attempt (a chunk's offset tells a resent one from a new
+        one: see :class:`Output`); ``resent`` tells the caller there was a resend.
 
         Raises:
             AgentdError: the command failed (its wire code), or the supervisor stayed
@@ -239,7 +283,7 @@ class SyncClient:
                     self.connect()
                 assert self._conn is not None
                 self._conn.send(frame)
-                return self._await_response(rid, None if self.resent else on_event)
+                return self._await_response(rid, on_event)
             except (OSError, _Lost) as exc:
                 self.close()
                 if time.monotonic() + delay > deadline:

@@ -41,6 +41,7 @@ from ._errors import AgentdError, ErrorCode
 from ._fence import Claim, Fence
 from ._grant import check_grant
 from ._identity import own_start_id, peer_credentials, read_start_id
+from ._output import INLINE_MAX, TurnOutput, chunk_event, pieces, stored_pieces
 from ._protocol import (
     Attach,
     Auth,
@@ -56,7 +57,7 @@ from ._protocol import (
     request_id_of,
 )
 from ._session import Transcript
-from ._storage import errno_name, retried, storage_error, write_all
+from ._storage import REMEDY, errno_name, retried, storage_error, write_all
 from ._stream import MessageStream
 from .agents import Agent, TurnContext, load_agent
 from .timing import DEFAULT_TIMING, Timing
@@ -359,6 +360,20 @@ class _Conn:
         self.direct = direct
         self.scope = trio.CancelScope()
         self.dropped = False
+        # the newest turn notice not yet sent (notices coalesce: only the latest matters)
+        self.notice: Notice | None = None
+        self.notice_ready = trio.Event()
+
+    async def send_notices(self) -> None:
+        """Send turn notices one at a time, never cancelled half-way through a frame (that
+        would corrupt the stream): runs for the connection's life."""
+        while True:
+            await self.notice_ready.wait()
+            self.notice_ready = trio.Event()
+            notice, self.notice = self.notice, None
+            if notice is not None and not self.dropped:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self.ms.send(notice)
 
 
 class _Running:
@@ -367,9 +382,15 @@ class _Running:
         self.listener: _Conn | None = listener
         self.request_id = request_id
         self.stream = True  # the listener wants the chunks as they come
-        self.response_ok = True
+        self.output = TurnOutput(None)  # replaced by the turn's own when it starts
+        self.sent_to = 0  # bytes of the output the current listener has been sent
+        self.lock = trio.Lock()  # orders a listener's catch-up with the live chunks
         self.result: Any = None
         self.error: AgentdError | None = None
+
+    def wants_chunks(self) -> bool:
+        """Stream to the listener: it asked to, or the output is too big for the answer."""
+        return self.stream or self.output.size > INLINE_MAX
 
 
 class WorkerCore:
@@ -470,7 +491,7 @@ class WorkerCore:
                 try:
                     self.transcript.append(
                         {"kind": "turn", "turn": result["turn"], "prompt": text,
-                         "reply": result.get("reply", ""), "client_id": k[0], "id": k[1],
+                         **_kept_output(result), "client_id": k[0], "id": k[1],
                          "recovered": True}
                     )
                 except OSError as exc:  # kept: written before its next line
@@ -492,8 +513,7 @@ class WorkerCore:
             # it finished and was transcribed just before a crash: complete it, do not rerun
             last = self.transcript.last or {}
             self.journal.append_durable(_journal.completed(k[0], rec.get("id", k[1]), {
-                "session": self.session_id, "turn": last.get("turn"),
-                "reply": last.get("reply", "")}))
+                "session": self.session_id, "turn": last.get("turn"), **_kept_output(last)}))
         elif self.agent.replayable and rec.get("op") == "prompt":
             running = _Running(listener=None, request_id=rec.get("id"))  # type: ignore[arg-type]
             running.listener = None
@@ -571,6 +591,7 @@ class WorkerCore:
             self.serving = fence
             await ms.send(AuthOk(session=self.session_id, pid=self.pid))
             async with trio.open_nursery() as handlers:
+                handlers.start_soon(conn.send_notices)
                 with conn.scope:
                     await self._read_commands(conn, handlers)
                 handlers.cancel_scope.cancel()
@@ -787,9 +808,13 @@ class WorkerCore:
                 self._nursery.start_soon(self._execute, k, text, running, accepted)
             else:
                 self._turn.release()
-        running.listener = conn
-        running.request_id = req.id
-        running.stream = req.args.get("stream", True) is not False
+        async with running.lock:
+            # a resend joining a running turn gets what it produced so far, then the rest
+            running.listener = conn
+            running.request_id = req.id
+            running.stream = req.args.get("stream", True) is not False
+            running.sent_to = 0
+            await self._catch_up(running)
         await running.done.wait()
         if running.error is not None:
             await self._respond(conn, fail(req.id, running.error))
@@ -799,19 +824,39 @@ class WorkerCore:
     def _notify(self, notice: Notice) -> None:
         """Tell the supervisor (if one is connected) without waiting for it."""
         conn = self.current
-        if conn is not None and not conn.dropped and self._nursery is not None:
-            self._nursery.start_soon(self._send_notice, conn, notice)
+        if conn is not None and not conn.dropped:
+            conn.notice = notice
+            conn.notice_ready.set()
 
-    async def _send_notice(self, conn: _Conn, notice: Notice) -> None:
-        with trio.move_on_after(self.timing.drop_notice_timeout):
-            await self._respond(conn, notice)
+    async def _relay(self, running: _Running, chunk: str | bytes) -> None:
+        """Keep a piece of the turn's output and pass it on at once. A listener that does not
+        read makes this wait (and so the agent, whose pipe then fills): backpressure."""
+        data = chunk.encode(errors="surrogateescape") if isinstance(chunk, str) else chunk
+        if not data:
+            return
+        async with running.lock:
+            at = running.output.size
+            running.output.add(data)  # OSError (a full disk): the turn fails, storage_error
+            listener = running.listener
+            if listener is None or listener.dropped or not running.wants_chunks():
+                return
+            if running.sent_to != at:
+                await self._catch_up(running)
+                return
+            for offset, piece in pieces(data):
+                await self._respond(listener, Event(
+                    id=running.request_id, event=chunk_event(at + offset, piece)))
+            running.sent_to = at + len(data)
 
-    async def _relay(self, running: _Running, chunk: str) -> None:
+    async def _catch_up(self, running: _Running) -> None:
+        """Send the listener what it has not been sent yet (the caller holds the lock)."""
         listener = running.listener
-        if listener is not None and not listener.dropped and running.stream:
-            await self._respond(
-                listener, Event(id=running.request_id, event={"kind": "chunk", "text": chunk})
-            )
+        if listener is None or listener.dropped or not running.wants_chunks():
+            return
+        for at, piece in running.output.read(running.sent_to):
+            await self._respond(listener, Event(id=running.request_id,
+                                                event=chunk_event(at, piece)))
+            running.sent_to = at + len(piece)
 
     def _done_result(self, k: _journal.Key) -> tuple[bool, Any] | None:
         """``(True, result)`` if completed, ``(False, started)`` if interrupted (``started``:
@@ -839,6 +884,12 @@ class WorkerCore:
                 await self._respond(conn, fail(req.id, _ran(exc)))
                 return True
         completed, result = done
+        if completed and (
+            req.args.get("stream", True) is not False or "reply" not in result
+        ):
+            # a resend of a finished command gets its whole output again
+            for at, piece in stored_pieces(result):
+                await self._respond(conn, Event(id=req.id, event=chunk_event(at, piece)))
         await self._respond(
             conn,
             ok(req.id, result) if completed
@@ -910,7 +961,9 @@ class WorkerCore:
             cwd=self.cwd,
             session_dir=self.transcript.dir if self.transcript else self.cwd,
         )
-        chunks: list[str] = []
+        output = running.output = TurnOutput(
+            self.transcript.dir / "output" / f"{turn}.out" if self.transcript else None
+        )
         self._notify(Notice(kind="turn_started", turn=self.turns))
         if journal is not None:
             # not flushed on its own: it rides the outcome's flush (see _recover_one)
@@ -919,23 +972,36 @@ class WorkerCore:
             turn_chunks = self.agent.turn(text, ctx)
             async with _closing(turn_chunks):
                 async for chunk in turn_chunks:
-                    chunks.append(chunk)
                     await self._relay(running, chunk)
+        except OSError as exc:
+            output.close()
+            log.error("turn %s: cannot keep its output: %s", turn, exc)
+            where = os.fspath(output.path or self.cwd)
+            running.error = AgentdError(
+                ErrorCode.STORAGE_ERROR,
+                f"the turn ran but its output could not be kept: writing {where} failed with"
+                f" {errno_name(exc)} ({exc.strerror or exc}) — {REMEDY}; check what it did"
+                " before sending it again",
+                {"path": where, "errno": errno_name(exc), "ran": True},
+            )
+            return self._outcome(running, _journal.interrupted(k[0], k[1]))
         except AgentdError as exc:
+            output.close()
             log.warning("agent refused turn %s: %s", turn, exc.message)
             running.error = exc
             return self._outcome(running, _journal.interrupted(k[0], k[1]))
         except Exception as exc:
+            output.close()
             log.exception("agent failed on turn %s", turn)
             running.error = AgentdError(ErrorCode.INTERNAL, f"agent failed: {exc}")
             return self._outcome(running, _journal.interrupted(k[0], k[1]))
-        reply = "".join(chunks)
-        result = {"session": self.session_id, "turn": turn, "reply": reply}
+        output.close()
+        result = {"session": self.session_id, "turn": turn, **output.result_fields()}
         if self.transcript is not None:
             transcript = self.transcript
             try:
                 transcript.append(
-                    {"kind": "turn", "turn": turn, "prompt": text, "reply": reply,
+                    {"kind": "turn", "turn": turn, "prompt": text, **_kept_output(result),
                      "client_id": k[0], "id": k[1], "replayed": replay}
                 )
             except OSError as exc:
@@ -965,8 +1031,13 @@ class WorkerCore:
             return 0
 
 
+def _kept_output(record: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a result or transcript line that say where a turn's output is."""
+    return {f: record[f] for f in ("reply", "output", "bytes") if f in record}
+
+
 @contextlib.asynccontextmanager
-async def _closing(chunks: AsyncIterator[str]) -> AsyncIterator[None]:
+async def _closing(chunks: AsyncIterator[str | bytes]) -> AsyncIterator[None]:
     """Close an agent's chunk generator now, not at garbage collection (its processes die)."""
     try:
         yield

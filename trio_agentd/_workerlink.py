@@ -23,6 +23,7 @@ from ._stream import MessageStream
 log = logging.getLogger("trio_agentd.supervisor")
 
 EventSink = Callable[[dict[str, Any]], Awaitable[None]]
+_BUFFERED = 16  # messages per call between the link's reader and the call
 
 
 class WorkerDropped(Exception):
@@ -50,8 +51,10 @@ class WorkerLink:
                     rid = msg.id
                     chan = self._pending.get(rid) if isinstance(rid, int) else None
                     if chan is not None:
-                        with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
-                            chan.send_nowait(msg)
+                        # awaited: a client that reads slowly slows this link, the worker's
+                        # sends and its agent; nothing is dropped, nothing grows
+                        with contextlib.suppress(trio.BrokenResourceError):
+                            await chan.send(msg)
                 elif isinstance(msg, Notice):
                     self.on_notice(msg)
                 elif isinstance(msg, Dropped):
@@ -80,7 +83,7 @@ class WorkerLink:
         if self.closed.is_set():
             raise WorkerDropped(self.drop_reason or "link closed")
         rid = next(self._ids)
-        send, recv = trio.open_memory_channel[Response | Event](256)
+        send, recv = trio.open_memory_channel[Response | Event](_BUFFERED)
         self._pending[rid] = send
         try:
             try:
@@ -95,6 +98,7 @@ class WorkerLink:
             raise WorkerDropped(self.drop_reason or "worker connection closed")
         finally:
             self._pending.pop(rid, None)
+            recv.close()  # the reader, if blocked on this call's channel, goes on
 
     async def aclose(self) -> None:
         await self.ms.aclose()

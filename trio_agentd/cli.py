@@ -387,6 +387,19 @@ class _Answer:
     def __init__(self) -> None:
         self.buffer = getattr(sys.stdout, "buffer", None)
 
+    def write_bytes(self, data: bytes) -> None:
+        if not data:
+            return
+        try:
+            if self.buffer is None:
+                sys.stdout.write(data.decode("utf-8", "replace"))
+                sys.stdout.flush()
+                return
+            self.buffer.write(data)
+            self.buffer.flush()
+        except BrokenPipeError:
+            raise _StdoutClosed from None
+
     def write(self, text: str) -> None:
         if not text:
             return
@@ -432,35 +445,22 @@ def _cmd_prompt(layout: Layout, args: PromptArgs) -> int:
         if text is None:
             _error("prompt needs TEXT: none given and stdin was empty — e.g. trio-agentd -p hello")
             return EXIT_USAGE
+    from ._syncclient import Output
+
     client = _client(layout)
     out = _Answer()
-    printed: list[str] = []
-
-    def on_event(event: dict[str, Any]) -> None:
-        if args.json:
-            return
-        chunk = str(event.get("text", ""))
-        printed.append(chunk)
-        out.write(chunk)
-
+    # the agent's bytes, exactly, as they come; nothing added (a resend's repeat is skipped)
+    output = Output(out.write_bytes if not args.json else lambda _data: None)
     result = client.request(
         "prompt",
         {"session": args.session, "text": text, "agent": args.agent, "cwd": os.getcwd()},
-        on_event=on_event,
+        on_event=output.on_event,
     )
     client.close()
     if args.json:
         out.write(json.dumps(result) + "\n")
         return EXIT_OK
-    reply = str(result.get("reply", "")) if isinstance(result, dict) else str(result)
-    shown = "".join(printed)
-    # after a resend the reply came whole: print what the stream did not show yet
-    if reply.startswith(shown):
-        out.write(reply[len(shown):])
-    else:
-        out.write("\n" + reply)
-    if not reply.endswith("\n"):
-        out.write("\n")  # end the line, but never add an empty one to output that ends its own
+    output.finish(result)
     return EXIT_OK
 
 

@@ -20,7 +20,7 @@ async def test_a_crashed_worker_is_respawned_under_the_same_session(
         await nursery.start(session.supervise_new)
         first = await session.call("prompt", {"text": "hi", "command_id": 1},
                                    client_id="me", on_event=None)
-        assert first.result["reply"] == "[echo turn 1] hi"
+        assert first.result["reply"] == "[echo turn 1] hi\n"
 
         ops.processes[0].die()  # kill -9
         await session.mode.wait_value(Mode.STARTING)

@@ -53,7 +53,8 @@ async def test_fresh_spawn_is_ready_at_once_and_answers(
     response = await h.call("prompt", {"text": "hi", "command_id": 1}, client_id="c",
                             on_event=None)
     assert response.ok
-    assert response.result == {"session": "s1", "turn": 1, "reply": "[echo turn 1] hi"}
+    assert response.result == {"session": "s1", "turn": 1, "reply": "[echo turn 1] hi\n",
+                               "bytes": 17}
 
 
 async def test_dead_worker_is_respawned_at_once(
@@ -147,7 +148,8 @@ async def _prompt(h: WorkerHandle, text: str, command_id: int) -> Response:
 
 
 def _echo(turn: int, text: str) -> dict[str, Any]:
-    return {"session": "s1", "turn": turn, "reply": f"[echo turn {turn}] {text}"}
+    reply = f"[echo turn {turn}] {text}\n"
+    return {"session": "s1", "turn": turn, "reply": reply, "bytes": len(reply.encode())}
 
 
 # a recovery that goes straight from a lost link to the stop: no reconnects, no deferred rounds
@@ -557,7 +559,8 @@ async def test_prompt_in_flight_when_the_worker_dies_is_answered_by_the_respawne
         gate.set()
     assert len(responses) == 1
     assert responses[0].ok
-    assert responses[0].result == {"session": "s1", "turn": 1, "reply": "worker 2 turn 1: hi"}
+    assert responses[0].result == {"session": "s1", "turn": 1, "reply": "worker 2 turn 1: hi",
+                                   "bytes": 19}
     assert trio.current_time() == t0
     assert h.restarts == 1
     assert entered.statistics().current_buffer_used == 0  # no third run

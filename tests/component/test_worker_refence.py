@@ -7,6 +7,7 @@ The supervisor side of each connection is driven by hand with :class:`MessageStr
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -173,12 +174,15 @@ def dropped(message: str) -> Dropped:
 
 def reply(request_id: int, turn: int, text: str) -> Response:
     return Response(
-        id=request_id, ok=True, result={"session": "s1", "turn": turn, "reply": text}
+        id=request_id, ok=True,
+        result={"session": "s1", "turn": turn, "reply": text, "bytes": len(text.encode())},
     )
 
 
-def chunk(request_id: int, text: str) -> Event:
-    return Event(id=request_id, event={"kind": "chunk", "text": text})
+def chunk(request_id: int, text: str, at: int = 0) -> Event:
+    """A chunk event as it arrives: its bytes base64-encoded, with their offset."""
+    data = base64.b64encode(text.encode()).decode()
+    return Event(id=request_id, event={"kind": "chunk", "at": at, "data": data})
 
 
 # --- (1) the re-fence loop -------------------------------------------------------------------
@@ -252,8 +256,8 @@ async def test_refence_drops_a_stale_supervisor_at_the_next_tick(
     rec3 = registry.add_owner(generation="g3", pid=300, start_id="boot:300")
     sup3 = await connect_owner(nursery, core, rec3)
     await sup3.prompt(7, "still here", command_id="c1")
-    assert await sup3.receive() == chunk(7, "[echo turn 1] still here")
-    assert await sup3.receive() == reply(7, 1, "[echo turn 1] still here")
+    assert await sup3.receive() == chunk(7, "[echo turn 1] still here\n")
+    assert await sup3.receive() == reply(7, 1, "[echo turn 1] still here\n")
     assert trio.current_time() == 0.50
     assert core.turns_run == 1
 
@@ -544,6 +548,8 @@ async def test_retry_after_completion_returns_the_stored_result_without_a_journa
     assert await sup.receive() == chunk(1, "reply 1: hello")
     assert await sup.receive() == reply(1, 1, "reply 1: hello")
     await sup.prompt(2, "hello", command_id="c1")
+    # the stored result, output and all: nothing ran again
+    assert await sup.receive() == chunk(2, "reply 1: hello")
     assert await sup.receive() == reply(2, 1, "reply 1: hello")
     # another client's command with the same id is a different command
     await sup.prompt(3, "hello", command_id="c1", client_id="client-2")
@@ -671,8 +677,8 @@ async def test_auth_refusal_drops_and_closes_and_the_session_goes_on(
 
     sup = await connect_owner(nursery, core, rec1)
     await sup.prompt(1, "hi", command_id="c1")
-    assert await sup.receive() == chunk(1, "[echo turn 1] hi")
-    assert await sup.receive() == reply(1, 1, "[echo turn 1] hi")
+    assert await sup.receive() == chunk(1, "[echo turn 1] hi\n")
+    assert await sup.receive() == reply(1, 1, "[echo turn 1] hi\n")
     assert trio.current_time() == 0.0
 
 
@@ -696,6 +702,6 @@ async def test_unauthenticated_connection_is_closed_quietly_at_auth_timeout(
 
     sup = await connect_owner(nursery, core, rec1)
     await sup.prompt(1, "hi", command_id="c1")
-    assert await sup.receive() == chunk(1, "[echo turn 1] hi")
-    assert await sup.receive() == reply(1, 1, "[echo turn 1] hi")
+    assert await sup.receive() == chunk(1, "[echo turn 1] hi\n")
+    assert await sup.receive() == reply(1, 1, "[echo turn 1] hi\n")
     assert trio.current_time() == 2.0

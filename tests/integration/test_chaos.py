@@ -111,7 +111,7 @@ def _client_thread(layout: Layout, load: Load, index: int, seed: int, deadline: 
                 with load.lock:
                     load.in_flight[session] -= 1
             rec.id = client._ids  # the command id request() used (and resent)
-            want = f"[echo turn {result.get('turn')}] {rec.text}"
+            want = f"[echo turn {result.get('turn')}] {rec.text}\n"
             with load.lock:
                 load.resent += client.resent
                 if result.get("session") != session or result.get("reply") != want:
@@ -348,7 +348,7 @@ class Chaos:
         finals: dict[str, int] = {}
         for s in SESSIONS:
             result = final.request("prompt", {"session": s, "text": f"final-{s}"})
-            assert result["reply"] == f"[echo turn {result['turn']}] final-{s}", result
+            assert result["reply"] == f"[echo turn {result['turn']}] final-{s}\n", result
             finals[s] = int(result["turn"])
             load.answered.append(Sent(s, f"final-{s}", final.client_id, final._ids, finals[s]))
         final.close()

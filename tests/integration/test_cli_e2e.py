@@ -49,7 +49,7 @@ def test_empty_stdin_and_no_text_is_a_usage_error(denv: DaemonEnv) -> None:
 def test_options_after_text_apply(denv: DaemonEnv) -> None:
     assert ok(cli(denv, "-p", "hello", "-s", "other")) == "[echo turn 1] hello\n"
     assert ok(cli(denv, "-p", "again", "--session=other", "--json")) == (
-        '{"session": "other", "turn": 2, "reply": "[echo turn 2] again"}\n')
+        '{"session": "other", "turn": 2, "reply": "[echo turn 2] again\\n", "bytes": 20}\n')
     assert (denv.home / "sessions" / "other").is_dir()
     assert not (denv.home / "sessions" / "default").exists()
 
@@ -60,7 +60,7 @@ def test_double_dash_makes_the_rest_text(denv: DaemonEnv) -> None:
     assert ok(cli(denv, "-p", "-s", "e", "--", "-s", "other")) == "[echo turn 1] -s other\n"
     # options before the -- still count, wherever they are; after it, nothing is an option
     assert ok(cli(denv, "-p", "-s", "e", "hello", "--json", "--", "--json", "-")) == (
-        '{"session": "e", "turn": 2, "reply": "[echo turn 2] hello --json -"}\n')
+        '{"session": "e", "turn": 2, "reply": "[echo turn 2] hello --json -\\n", "bytes": 29}\n')
     assert not (denv.home / "sessions" / "other").exists()
 
 

@@ -28,9 +28,9 @@ async def test_open_supervisor_and_open_client_prompt_and_stream(denv: DaemonEnv
                 denv.socket, home=str(denv.home), registry=str(denv.registry), autostart=False
             ) as client:
                 assert client.hello.generation == sup.generation
-                assert await client.prompt("s1", "hello") == "[echo turn 1] hello"
+                assert await client.prompt("s1", "hello") == "[echo turn 1] hello\n"
                 chunks = [c async for c in client.stream_prompt("s1", "streamed")]
-                assert chunks == ["[echo turn 2] streamed"]
+                assert chunks == ["[echo turn 2] streamed\n"]
                 rows = await client.sessions()
                 assert [(r["session"], r["turns"], r["state"]) for r in rows] == [
                     ("s1", 2, "ready")
@@ -53,7 +53,7 @@ async def test_open_client_autostarts_a_daemon(denv: DaemonEnv) -> None:
         async with trio_agentd.open_client(
             denv.socket, home=str(denv.home), registry=str(denv.registry)
         ) as client:
-            assert await client.prompt("auto", "hi") == "[echo turn 1] hi"
+            assert await client.prompt("auto", "hi") == "[echo turn 1] hi\n"
             assert client.hello.pid != os.getpid()
     assert len(denv.our_pids()) == 2  # the autostarted supervisor and its worker
 

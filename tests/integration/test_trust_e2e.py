@@ -158,7 +158,7 @@ async def test_open_client_autostart_imports_nothing_from_the_cwd(
         async with trio_agentd.open_client(
             denv.socket, home=str(denv.home), registry=str(denv.registry)
         ) as client:
-            assert await client.prompt("auto", "hi") == "[echo turn 1] hi"
+            assert await client.prompt("auto", "hi") == "[echo turn 1] hi\n"
     assert not marker.exists(), marker.read_text()
     sup = denv.owner()["pid"]
     assert os.readlink(f"/proc/{sup}/cwd") == "/"

@@ -40,14 +40,31 @@ def make_ctx(cwd: Path, *, turn: int = 1) -> TurnContext:
 
 
 @contextlib.asynccontextmanager
-async def turn(
+async def turn_bytes(
     agent: Agent, prompt: str, ctx: TurnContext
-) -> AsyncIterator[AsyncGenerator[str, None]]:
-    """The turn's chunks, closed on the way out even if the test fails half-way through."""
+) -> AsyncIterator[AsyncGenerator[str | bytes, None]]:
+    """The turn's chunks as the agent yields them, closed on the way out even if the test
+    fails half-way through."""
     chunks = agent.turn(prompt, ctx)
     assert isinstance(chunks, AsyncGenerator)
     async with contextlib.aclosing(chunks):
         yield chunks
+
+
+@contextlib.asynccontextmanager
+async def turn(
+    agent: Agent, prompt: str, ctx: TurnContext
+) -> AsyncIterator[AsyncGenerator[str, None]]:
+    """The turn's chunks as text (bytes decoded as UTF-8; no chunk here splits a character)."""
+
+    async def text(chunks: AsyncGenerator[str | bytes, None]) -> AsyncGenerator[str, None]:
+        async for chunk in chunks:
+            yield chunk.decode() if isinstance(chunk, bytes) else chunk
+
+    async with turn_bytes(agent, prompt, ctx) as chunks:
+        decoded = text(chunks)
+        async with contextlib.aclosing(decoded):
+            yield decoded
 
 
 async def reply_chunks(agent: Agent, prompt: str, ctx: TurnContext) -> list[str]:
@@ -140,23 +157,28 @@ async def test_output_streams_before_the_process_ends(tmp_path: Path, kind: str)
     assert (tmp_path / "finished").exists()
 
 
-async def test_a_character_split_between_reads_is_kept_whole(tmp_path: Path) -> None:
-    # é is \303\251 in UTF-8; the script stops between the two bytes
+async def test_bytes_pass_as_they_come_even_half_a_character(tmp_path: Path) -> None:
+    # é is \303\251 in UTF-8; the script stops between the two bytes: output is bytes, and
+    # the first half is passed on at once (the client decodes, not the agent)
     agent = ShellAgent()
-    chunks: list[str] = []
+    chunks: list[str | bytes] = []
     script = r"printf 'x\303'; read go < gate; printf '\251\n'"
     with gate(tmp_path / "gate") as gate_fd, trio.fail_after(DEADLINE):
-        async with turn(agent, script, make_ctx(tmp_path)) as output:
+        async with turn_bytes(agent, script, make_ctx(tmp_path)) as output:
             async for chunk in output:
                 chunks.append(chunk)
                 if len(chunks) == 1:
-                    assert chunk == "x"
+                    assert chunk == b"x\303"
                     open_gate(gate_fd)
-    assert chunks == ["x", "é\n"]
+    assert chunks == [b"x\303", b"\251\n"]
 
 
-async def test_invalid_utf8_is_replaced_not_fatal(tmp_path: Path) -> None:
-    assert await reply(ShellAgent(), r"printf 'a\377b\n'", make_ctx(tmp_path)) == "a\ufffdb\n"
+async def test_binary_output_is_passed_on_exactly(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE):
+        async with turn_bytes(ShellAgent(), r"printf 'a\377\000b\200\n'",
+                              make_ctx(tmp_path)) as output:
+            data = b"".join([c async for c in output if isinstance(c, bytes)])
+    assert data == b"a\377\000b\200\n"
 
 
 # --- exit status, stderr, cwd, environment ---------------------------------------------------
@@ -399,7 +421,7 @@ async def test_a_turn_dropped_while_its_consumer_is_cancelled_still_kills_its_gr
         gen = agent.turn(GROUP_SCRIPT, make_ctx(tmp_path))
         with trio.CancelScope() as scope:
             async for chunk in gen:
-                seen += chunk
+                seen += chunk.decode() if isinstance(chunk, bytes) else chunk
                 if "ready" in seen:
                     pids = read_group(tmp_path)
                     fds = stack.enter_context(watched(pids))

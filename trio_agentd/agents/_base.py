@@ -40,8 +40,10 @@ class Agent(Protocol):
 
     replayable: bool
 
-    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
-        """Run one prompt, yielding output chunks as they come.
+    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str | bytes]:
+        """Run one prompt, yielding output chunks as they come: text (sent as UTF-8) or bytes
+        (sent exactly as they are). A turn has no size limit: chunks are streamed, never
+        gathered in memory.
 
         Cancellation: the turn is abandoned; the worker records it interrupted.
         """

@@ -1,4 +1,4 @@
-"""The default agent: offline, deterministic, replayable."""
+"""The default agent: offline, deterministic, replayable. Its reply is one line of text."""
 
 from __future__ import annotations
 
@@ -11,4 +11,4 @@ class EchoAgent:
     replayable = True
 
     async def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
-        yield f"[echo turn {ctx.turn}] {prompt}"
+        yield f"[echo turn {ctx.turn}] {prompt}\n"

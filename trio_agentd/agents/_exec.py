@@ -20,7 +20,6 @@ writes with non-blocking ``os.write`` and keeps its own offset, so cancelling it
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import os
 import shlex
@@ -324,8 +323,8 @@ async def run_command(
     stdin: bytes | None,
     merge_stderr: bool,
     kill_grace: float = KILL_GRACE,
-) -> AsyncGenerator[str, None]:
-    """Run ``argv`` as one turn, yielding its output as text as it arrives.
+) -> AsyncGenerator[bytes, None]:
+    """Run ``argv`` as one turn, yielding its output bytes as they arrive, exactly.
 
     Args:
         argv: the program and its arguments (no shell).
@@ -335,9 +334,8 @@ async def run_command(
             (the worker's stderr, i.e. its log).
         kill_grace: seconds between SIGTERM and SIGKILL when the turn is cancelled.
 
-    Output is decoded as UTF-8 (invalid bytes become U+FFFD; a character split between two
-    reads is kept whole). A process that does not succeed adds a final chunk such as
-    ``[exit status 3]``; that is a reply, not an error.
+    Output is passed on byte for byte (binary-safe). A process that does not succeed adds a
+    final chunk such as ``[exit status 3]``; that is a reply, not an error.
 
     Raises:
         AgentdError: ``bad_request`` if the program or the directory cannot be used.
@@ -348,18 +346,11 @@ async def run_command(
     finalizer for a generator dropped unexhausted).
     """
     run = await _GroupRun.start(argv, ctx=ctx, stdin=stdin, merge_stderr=merge_stderr)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     at_line_start = True
     try:
         while data := await run.receive():
-            text = decoder.decode(data)
-            if text:
-                at_line_start = text.endswith("\n")
-                yield text
-        text = decoder.decode(b"", final=True)
-        if text:
-            at_line_start = text.endswith("\n")
-            yield text
+            at_line_start = data.endswith(b"\n")
+            yield bytes(data)
         await run.wait_leader_exit()
     finally:
         with trio.move_on_after(kill_grace + _REAP_BOUND, shield=True):
@@ -370,7 +361,7 @@ async def run_command(
         )
     chunk = exit_chunk(run.returncode, at_line_start=at_line_start)
     if chunk is not None:
-        yield chunk
+        yield chunk.encode()
 
 
 class ExecAgent:
@@ -387,7 +378,7 @@ class ExecAgent:
         self.argv = tuple(argv)
         self.kill_grace = kill_grace
 
-    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
+    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[bytes]:
         """Run the command with the prompt on its stdin (then closed); yield its stdout.
 
         The command runs in ``ctx.cwd`` with the worker's environment plus
@@ -403,6 +394,6 @@ class ExecAgent:
         the turn keeps running.
         """
         return run_command(
-            self.argv, ctx, stdin=prompt.encode(), merge_stderr=False,
+            self.argv, ctx, stdin=prompt.encode(errors="surrogateescape"), merge_stderr=False,
             kill_grace=self.kill_grace,
         )

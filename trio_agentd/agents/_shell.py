@@ -27,7 +27,7 @@ class ShellAgent:
     def __init__(self, *, kill_grace: float = KILL_GRACE) -> None:
         self.kill_grace = kill_grace
 
-    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
+    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[bytes]:
         """Run ``prompt`` as a shell script in ``ctx.cwd``, yielding its output as it comes.
 
         The script's stdin is ``/dev/null`` (the prompt is the script, and nobody is there to

@@ -1,0 +1,137 @@
+"""A turn's output: streamed in bounded chunks, kept small in records, binary-safe.
+
+A turn has no size limit. The worker passes each piece an agent yields on at once, as chunk
+events of at most :data:`CHUNK_MAX` bytes (base64 in the frame, well under the frame limit).
+Every chunk carries its byte offset in the turn's output (``at``), so a client that resends a
+command and gets the output again from the start keeps exactly one copy of every byte.
+
+The output is also kept for a resend after the turn ended: up to :data:`INLINE_MAX` bytes in
+memory (a small UTF-8 reply goes into the journal and the transcript as ``reply``); past that,
+in a file of its own that the records point to (``output``), so no record grows with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+INLINE_MAX = 64 * 1024  # bytes of a reply kept in the records themselves
+CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 MiB frame)
+
+
+def chunk_event(at: int, data: bytes) -> dict[str, Any]:
+    return {"kind": "chunk", "at": at, "data": data}
+
+
+def pieces(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """``data`` in slices of at most :data:`CHUNK_MAX` bytes, with their offsets in it."""
+    for i in range(0, len(data), CHUNK_MAX):
+        yield i, data[i : i + CHUNK_MAX]
+
+
+class TurnOutput:
+    """The bytes one turn produced so far; spills to ``path`` once past :data:`INLINE_MAX`.
+
+    ``path`` None keeps everything in memory (tests, and workers without a session dir).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.size = 0
+        self._memory: bytearray | None = bytearray()
+        self._fd: int | None = None
+
+    def add(self, data: bytes) -> None:
+        """Keep ``data``.
+
+        Raises:
+            OSError: the spill file could not be written (a full disk): the caller fails the
+                turn's record with ``storage_error``.
+        """
+        if self._memory is not None and (
+            self.path is None or len(self._memory) + len(data) <= INLINE_MAX
+        ):
+            self._memory += data
+        else:
+            if self._fd is None:
+                self._spill()
+            assert self._fd is not None
+            _write_all(self._fd, data)
+        self.size += len(data)
+
+    def _spill(self) -> None:
+        from . import _fs
+
+        assert self.path is not None
+        _fs.ensure_dir(self.path.parent)
+        self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        if self._memory:
+            _write_all(self._fd, bytes(self._memory))
+        self._memory = None
+
+    def read(self, start: int = 0) -> Iterator[tuple[int, bytes]]:
+        """``(offset, bytes)`` pieces of what was kept, from ``start`` to the current end."""
+        end = self.size
+        if self._memory is not None:
+            for at, piece in pieces(bytes(self._memory[start:end])):
+                yield start + at, piece
+            return
+        assert self.path is not None
+        yield from read_file(self.path, start, end)
+
+    def result_fields(self) -> dict[str, Any]:
+        """What the records keep: the reply itself when small and text, else where it is."""
+        if self._memory is not None:
+            try:
+                return {"reply": bytes(self._memory).decode(), "bytes": self.size}
+            except UnicodeDecodeError:
+                if self.path is None:
+                    return {"bytes": self.size}  # not kept (a worker without a session dir)
+                self._spill()
+        assert self.path is not None
+        return {"output": str(self.path), "bytes": self.size}
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_file(path: Path, start: int, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """``(offset, bytes)`` pieces of a spilled output file (nothing if it is gone)."""
+    from . import _fs
+
+    try:
+        fd = _fs.open_trusted(path)
+    except FileNotFoundError:
+        return
+    try:
+        at = start
+        while end is None or at < end:
+            want = CHUNK_MAX if end is None else min(CHUNK_MAX, end - at)
+            data = os.pread(fd, want, at)
+            if not data:
+                return
+            yield at, data
+            at += len(data)
+    finally:
+        os.close(fd)
+
+
+def stored_pieces(result: Any) -> Iterator[tuple[int, bytes]]:
+    """The output a completed command's result keeps, as ``(offset, bytes)`` pieces."""
+    if not isinstance(result, dict):
+        return
+    reply = result.get("reply")
+    if isinstance(reply, str):
+        yield from pieces(reply.encode(errors="surrogateescape"))
+    elif isinstance(result.get("output"), str):
+        yield from read_file(Path(result["output"]), 0)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
