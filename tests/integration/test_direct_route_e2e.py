@@ -36,10 +36,10 @@ REPLAYABLE = "tests.fixture_agents:slow_replayable"
 pytestmark = pytest.mark.timeout(120)
 
 
-async def wait_until(predicate: Callable[[], T], *, timeout: float, what: str) -> T:
+async def wait_until(predicate: Callable[[], T], *, within: float, what: str) -> T:
     """The harness's ``wait_for`` (a deadline, never a fixed sleep), off the event loop."""
     return await trio.to_thread.run_sync(
-        functools.partial(wait_for, predicate, timeout=timeout, what=what)
+        functools.partial(wait_for, predicate, timeout=within, what=what)
     )
 
 
@@ -53,7 +53,7 @@ def _worker_pids(env: DaemonEnv) -> dict[str, int]:
 
 async def _kill9_and_wait(denv: DaemonEnv, pid: int, what: str) -> None:
     os.kill(pid, signal.SIGKILL)
-    await wait_until(lambda: pid not in denv.our_pids(), timeout=10, what=f"{what} to die")
+    await wait_until(lambda: pid not in denv.our_pids(), within=10, what=f"{what} to die")
 
 
 def _spy_route_errors(client: Client, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -126,7 +126,7 @@ async def test_stream_through_a_supervisor_kill9_mid_stream_every_line_once_in_o
             assert text == "".join(f"line{i}\n" for i in range(1, LINES + 1))
             assert len(pieces) > 2  # it streamed, not one final chunk
             assert client.reroutes == 0
-            await wait_until(lambda: sup not in denv.our_pids(), timeout=10,
+            await wait_until(lambda: sup not in denv.our_pids(), within=10,
                              what="the supervisor to die")
             assert denv.our_pids() == [_worker_pids(denv)["x"]]
 
@@ -159,7 +159,7 @@ async def test_worker_kill9_mid_turn_reroutes_and_answers_once(
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(payload)
-                await wait_until(lambda: "start payload" in lines(), timeout=20,
+                await wait_until(lambda: "start payload" in lines(), within=20,
                                  what="the turn to start")
                 await _kill9_and_wait(denv, worker, "the worker")
             assert answers == ["[slow turn 2] payload"]
