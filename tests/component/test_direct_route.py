@@ -17,6 +17,7 @@ import pytest
 import trio
 import trio.testing
 
+from trio_agentd._errors import AgentdError
 from trio_agentd._grant import make_grant
 from trio_agentd._ownership import OwnerRecord
 from trio_agentd._protocol import (
@@ -31,6 +32,8 @@ from trio_agentd._protocol import (
     Request,
     Response,
     WorkerHello,
+    decode,
+    encode,
 )
 from trio_agentd._stream import MessageStream
 from trio_agentd._worker import Journal, WorkerCore
@@ -651,3 +654,84 @@ async def test_stop_and_other_ops_are_refused_on_a_direct_route(
     # the route stays open and the worker serves on
     await client.prompt(2, "still up")
     assert (await client.until_response())[1] == reply(2, 1, "[echo turn 1] still up")
+
+
+# --- (7) a notice that cannot be delivered must not tear the supervisor's stream -------------
+
+
+class StallingStream(trio.abc.Stream):
+    """The worker's end of a supervisor connection whose socket buffer fills up: with
+    ``stall`` set, a send writes the first half of its bytes and then blocks (as ``send_all``
+    on a nearly full Unix socket does)."""
+
+    def __init__(self) -> None:
+        self.sent = bytearray()
+        self.stall = False
+        self.stalled = trio.Event()
+        self.closed = False
+        self.incoming, self._incoming = trio.open_memory_channel[bytes](16)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.closed:
+            raise trio.ClosedResourceError
+        await trio.lowlevel.checkpoint()
+        if self.stall:
+            self.sent += bytes(data[: len(data) // 2])
+            self.stalled.set()
+            await trio.sleep_forever()
+        self.sent += bytes(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        try:
+            return await self._incoming.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            return b""
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await trio.lowlevel.checkpoint()
+
+    def frames(self) -> list[bytes]:
+        """The complete lines written so far."""
+        return bytes(self.sent).split(b"\n")[:-1]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: WorkerCore._send_notice cancels a Notice send after drop_notice_timeout but "
+    "keeps using the connection; a send cut mid-frame leaves half a frame on the wire, the "
+    "next frame is glued to it and the supervisor reads a corrupt line (MessageStream says "
+    "callers must close the stream after cancelling a send)",
+)
+async def test_a_notice_cut_by_its_timeout_never_leaves_a_torn_frame(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    w = World(nursery)
+    await w.start()
+    rec = w.owner("g1", 100)
+    stream = StallingStream()
+    nursery.start_soon(w.core.serve_connection, stream)
+    await stream.incoming.send(encode(Auth(token=TOKEN, generation="g1", pid=rec.pid,
+                                           start_id=rec.start_id, socket=SOCKET)))
+    await trio.testing.wait_all_tasks_blocked()
+    assert [decode(f) for f in stream.frames()] == [HELLO, ADMITTED]
+
+    client = await w.attached(grant("g1"))
+    stream.stall = True  # the supervisor stops reading: its socket buffer is full
+    await client.prompt(1, "one")
+    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] one")
+    await stream.stalled.wait()
+    stream.stall = False  # ... and it reads again
+    await advance_to(autojump_clock, 1.0)  # every notice's send was given up by now
+    await client.prompt(2, "two")
+    assert (await client.until_response())[1] == reply(2, 2, "[echo turn 2] two")
+    await trio.testing.wait_all_tasks_blocked()
+    # every line the supervisor can read is a whole frame (or the worker closed the stream)
+    for frame in stream.frames():
+        try:
+            decode(frame)
+        except AgentdError:
+            pytest.fail(f"torn frame on the supervisor's stream: {frame!r}")
