@@ -7,6 +7,7 @@ the worker's token. ``check_grant`` returns ``None`` (admitted) or a reason; it 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -206,8 +207,12 @@ def test_round_trip_admits_until_expiry(session: str, generation: str, expires_a
     if before * 1000 < expires_ms:
         assert check_grant(grant, token=TOKEN, session=session, generation=generation,
                            now=before) is None
+    # the boundary is in float milliseconds: the first wall-clock time whose ms reach it
+    at = expires_ms / 1000
+    while at * 1000 < expires_ms:
+        at = math.nextafter(at, math.inf)
     assert check_grant(grant, token=TOKEN, session=session, generation=generation,
-                       now=expires_ms / 1000) == "grant expired"
+                       now=at) == "grant expired"
     assert check_grant(grant, token=TOKEN, session=session + "x", generation=generation,
                        now=before) == FOREIGN
 
