@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 
+_EXPIRY = re.compile(r"[0-9]{1,16}")  # milliseconds; ASCII digits only
 
 def _mac(token: str, session: str, generation: str, expires_ms: int) -> str:
     msg = f"trio-agentd-grant\0{session}\0{generation}\0{expires_ms}".encode()
@@ -42,7 +44,7 @@ def check_grant(
             none yet, so no grant is honoured).
     """
     parts = grant.split(".")
-    if len(parts) != 3 or not parts[1].isdigit():
+    if len(parts) != 3 or not _EXPIRY.fullmatch(parts[1]) or not grant.isascii():
         return "malformed grant"
     gen, expires_raw, mac = parts
     expires_ms = int(expires_raw)

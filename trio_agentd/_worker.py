@@ -673,7 +673,12 @@ class WorkerCore:
             return False
         if conn.direct:
             # a route stays good while its supervisor's claim is the one this worker serves
-            return conn.fence is self.serving and conn.fence.check() is None
+            serving = self.serving
+            return (
+                serving is not None
+                and conn.fence.claim == serving.claim  # the same supervisor, reconnected too
+                and serving.check() is None
+            )
         return conn is self.current and conn.fence.check() is None
 
     async def _drop(self, conn: _Conn, reason: str) -> None:

@@ -8,6 +8,7 @@ worker's wall clock follows the virtual clock, so grant expiry is exact.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -253,12 +254,15 @@ class ClientEnd:
             return events, msg
 
 
-def chunk(rid: int, text: str) -> Event:
-    return Event(id=rid, event={"kind": "chunk", "text": text})
+def chunk(rid: int, text: str, at: int = 0) -> Event:
+    """A chunk event as it arrives: its bytes base64-encoded, with their offset."""
+    data = base64.b64encode(text.encode()).decode()
+    return Event(id=rid, event={"kind": "chunk", "at": at, "data": data})
 
 
 def reply(rid: int, turn: int, text: str) -> Response:
-    return Response(id=rid, ok=True, result={"session": SESSION, "turn": turn, "reply": text})
+    return Response(id=rid, ok=True, result={"session": SESSION, "turn": turn, "reply": text,
+                                             "bytes": len(text.encode())})
 
 
 def refused(rid: int, message: str = REPLACED) -> tuple[int, str, str]:
@@ -295,11 +299,11 @@ async def test_client_with_a_valid_grant_prompts_directly_and_supervisor_hears_t
 
     await client.prompt(1, "hello")
     assert await client.until_response() == (
-        [chunk(1, "[echo turn 1] hello")], reply(1, 1, "[echo turn 1] hello")
+        [chunk(1, "[echo turn 1] hello\n")], reply(1, 1, "[echo turn 1] hello\n")
     )
     await client.prompt(2, "again")
     assert await client.until_response() == (
-        [chunk(2, "[echo turn 2] again")], reply(2, 2, "[echo turn 2] again")
+        [chunk(2, "[echo turn 2] again\n")], reply(2, 2, "[echo turn 2] again\n")
     )
     await client.send(3, "status")
     assert await client.receive() == Response(
@@ -329,7 +333,7 @@ async def test_a_streamed_off_prompt_gets_only_the_response(
     await w.supervisor(w.owner("g1", 100))
     client = await w.attached(grant("g1"))
     await client.send(1, "prompt", text="quiet", stream=False)
-    assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] quiet"))
+    assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] quiet\n"))
 
 
 # --- (2) grants that do not admit ------------------------------------------------------------
@@ -366,7 +370,7 @@ async def test_grant_that_does_not_admit_is_dropped_with_grant_refused(
     # the worker goes on: a good grant is admitted
     good = await w.attached(grant("g1"))
     await good.prompt(1, "hi")
-    assert (await good.until_response())[1] == reply(1, 1, "[echo turn 1] hi")
+    assert (await good.until_response())[1] == reply(1, 1, "[echo turn 1] hi\n")
 
 
 async def test_no_grant_is_honoured_before_any_supervisor_authenticated(
@@ -397,7 +401,7 @@ async def test_grant_expiry_is_exact_on_the_worker_wall_clock(
     assert answer == grant_refused("grant expired")
     # an admitted route is not cut at its grant's expiry: the grant admits, the fence keeps it
     await early.prompt(1, "after expiry")
-    assert (await early.until_response())[1] == reply(1, 1, "[echo turn 1] after expiry")
+    assert (await early.until_response())[1] == reply(1, 1, "[echo turn 1] after expiry\n")
 
 
 async def test_peer_of_another_uid_is_refused_even_with_a_valid_grant(
@@ -415,12 +419,6 @@ async def test_peer_of_another_uid_is_refused_even_with_a_valid_grant(
     assert answer == ADMITTED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: _grant.check_grant accepts an expiry by str.isdigit() then int() raises "
-    "ValueError on '²'; WorkerCore._admit lets it escape, serve_connection logs 'supervisor "
-    "connection failed' with a traceback and closes without Dropped(grant_refused)",
-)
 async def test_digit_like_expiry_is_refused_as_malformed_not_a_crash(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
@@ -443,7 +441,7 @@ async def test_grant_of_a_replaced_supervisor_is_refused_at_the_next_command(
     old_grant = grant("g1")
     client = await w.attached(old_grant)
     await client.prompt(1, "before")
-    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] before")
+    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] before\n")
 
     await advance_to(autojump_clock, 0.1)
     new_sup = await w.supervisor(w.owner("g2", 200))
@@ -461,7 +459,7 @@ async def test_grant_of_a_replaced_supervisor_is_refused_at_the_next_command(
     # the new supervisor's grant works, and the refused prompt never ran
     again = await w.attached(grant("g2"))
     await again.prompt(2, "after")
-    assert (await again.until_response())[1] == reply(2, 2, "[echo turn 2] after")
+    assert (await again.until_response())[1] == reply(2, 2, "[echo turn 2] after\n")
     assert w.core.turns_run == 2
     assert await new_sup.wait_notices(2) == [
         Notice(kind="turn_started", turn=1), Notice(kind="turn_done", turn=2)
@@ -494,13 +492,6 @@ async def test_prompt_queued_on_a_route_whose_supervisor_is_replaced_never_runs(
     assert (await holder.until_response())[1] == reply(1, 1, "reply 1: first")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: WorkerCore._valid compares a direct route's fence by identity "
-    "(conn.fence is self.serving); the SAME supervisor re-authenticating (its link to the "
-    "worker broke and it reconnected) makes a new Fence, so every route it granted is refused "
-    "GRANT_REFUSED and every client re-routes once",
-)
 async def test_same_supervisor_reconnecting_keeps_its_routes(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
@@ -512,7 +503,7 @@ async def test_same_supervisor_reconnecting_keeps_its_routes(
     await first.close()
     await w.supervisor(rec)  # the same supervisor, a new link
     await client.prompt(1, "still mine")
-    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] still mine")
+    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] still mine\n")
 
 
 # --- (4) a supervisor killed -9 leaves its routes served ------------------------------------
@@ -528,18 +519,18 @@ async def test_routes_outlive_a_killed_supervisor_until_its_record_goes(
     sup = await w.supervisor(rec)
     client = await w.attached(grant("g1"))
     await client.prompt(1, "one")
-    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] one")
+    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] one\n")
 
     # kill -9: the connection closes; the record stays on disk, unchanged
     await sup.close()
     await advance_to(autojump_clock, 1.0)  # four re-fence ticks
     assert w.core.current is None
     await client.prompt(2, "two")
-    assert (await client.until_response())[1] == reply(2, 2, "[echo turn 2] two")
+    assert (await client.until_response())[1] == reply(2, 2, "[echo turn 2] two\n")
     # ... and a client that got its grant before the kill can still attach
     late = await w.attached(grant("g1"), client_id="late")
     await late.prompt(1, "three")
-    assert (await late.until_response())[1] == reply(1, 3, "[echo turn 3] three")
+    assert (await late.until_response())[1] == reply(1, 3, "[echo turn 3] three\n")
 
     # the record goes (a new supervisor took over, or the dead one was cleaned up)
     match how:
@@ -588,7 +579,7 @@ async def test_same_command_over_both_paths_while_running_runs_once(
     await trio.testing.wait_all_tasks_blocked()
     release.set()
 
-    expected = {"session": SESSION, "turn": 1, "reply": "reply 1: hello"}
+    expected = {"session": SESSION, "turn": 1, "reply": "reply 1: hello", "bytes": 14}
     sup_response = await sup.response(70)
     assert sup_response == Response(id=70, ok=True, result=expected)
     events, response = await client.until_response()
@@ -610,12 +601,15 @@ async def test_same_command_over_both_paths_after_completion_gets_the_journalled
         await w.start()
         sup = await w.supervisor(w.owner("g1", 100))
         client = await w.attached(grant("g1"), client_id="c")
-        expected = {"session": SESSION, "turn": 1, "reply": "reply 1: hello"}
+        expected = {"session": SESSION, "turn": 1, "reply": "reply 1: hello", "bytes": 14}
         if first == "supervisor":
             await sup.prompt(70, "hello", client_id="c", command_id=7)
             assert await sup.response(70) == Response(id=70, ok=True, result=expected)
             await client.prompt(7, "hello")
-            assert await client.until_response() == ([], reply(7, 1, "reply 1: hello"))
+            # the journalled result, with its output again (from the start), nothing run again
+            assert await client.until_response() == (
+                [chunk(7, "reply 1: hello")], reply(7, 1, "reply 1: hello")
+            )
         else:
             await client.prompt(7, "hello")
             assert await client.until_response() == (
@@ -653,7 +647,7 @@ async def test_stop_and_other_ops_are_refused_on_a_direct_route(
     assert not w.core.stop_requested.is_set()
     # the route stays open and the worker serves on
     await client.prompt(2, "still up")
-    assert (await client.until_response())[1] == reply(2, 1, "[echo turn 1] still up")
+    assert (await client.until_response())[1] == reply(2, 1, "[echo turn 1] still up\n")
 
 
 # --- (7) a notice that cannot be delivered must not tear the supervisor's stream -------------
@@ -699,13 +693,6 @@ class StallingStream(trio.abc.Stream):
         return bytes(self.sent).split(b"\n")[:-1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: WorkerCore._send_notice cancels a Notice send after drop_notice_timeout but "
-    "keeps using the connection; a send cut mid-frame leaves half a frame on the wire, the "
-    "next frame is glued to it and the supervisor reads a corrupt line (MessageStream says "
-    "callers must close the stream after cancelling a send)",
-)
 async def test_a_notice_cut_by_its_timeout_never_leaves_a_torn_frame(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
@@ -722,12 +709,12 @@ async def test_a_notice_cut_by_its_timeout_never_leaves_a_torn_frame(
     client = await w.attached(grant("g1"))
     stream.stall = True  # the supervisor stops reading: its socket buffer is full
     await client.prompt(1, "one")
-    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] one")
+    assert (await client.until_response())[1] == reply(1, 1, "[echo turn 1] one\n")
     await stream.stalled.wait()
     stream.stall = False  # ... and it reads again
     await advance_to(autojump_clock, 1.0)  # every notice's send was given up by now
     await client.prompt(2, "two")
-    assert (await client.until_response())[1] == reply(2, 2, "[echo turn 2] two")
+    assert (await client.until_response())[1] == reply(2, 2, "[echo turn 2] two\n")
     await trio.testing.wait_all_tasks_blocked()
     # every line the supervisor can read is a whole frame (or the worker closed the stream)
     for frame in stream.frames():
