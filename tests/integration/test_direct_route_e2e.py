@@ -85,16 +85,16 @@ async def test_prompts_go_direct_and_survive_a_supervisor_kill9_without_reroutin
 ) -> None:
     with trio.fail_after(60):
         async with _client(denv) as client:
-            assert await client.prompt("d", "one") == "[echo turn 1] one"
+            assert await client.prompt("d", "one") == "[echo turn 1] one\n"
             sup = denv.owner()["pid"]
             worker = _worker_pids(denv)["d"]
             assert sorted(denv.our_pids()) == sorted([sup, worker])
 
             await _kill9_and_wait(denv, sup, "the supervisor")
-            assert await client.prompt("d", "two") == "[echo turn 2] two"
-            assert await client.prompt("d", "three") == "[echo turn 3] three"
+            assert await client.prompt("d", "two") == "[echo turn 2] two\n"
+            assert await client.prompt("d", "three") == "[echo turn 3] three\n"
             chunks = [c async for c in client.stream_prompt("d", "four")]
-            assert chunks == ["[echo turn 4] four"]
+            assert chunks == ["[echo turn 4] four\n"]
 
             assert client.reroutes == 0
             assert client.reconnects == 0
@@ -150,7 +150,7 @@ async def test_worker_kill9_mid_turn_reroutes_and_answers_once(
     with trio.fail_after(90):
         async with _client(denv) as client:
             seen = _spy_route_errors(client, monkeypatch)
-            assert await client.prompt("r", "warm", agent=REPLAYABLE) == "[slow turn 1] warm"
+            assert await client.prompt("r", "warm", agent=REPLAYABLE) == "[slow turn 1] warm\n"
             worker = _worker_pids(denv)["r"]
             answers: list[str] = []
 
@@ -162,7 +162,7 @@ async def test_worker_kill9_mid_turn_reroutes_and_answers_once(
                 await wait_until(lambda: "start payload" in lines(), within=20,
                                  what="the turn to start")
                 await _kill9_and_wait(denv, worker, "the worker")
-            assert answers == ["[slow turn 2] payload"]
+            assert answers == ["[slow turn 2] payload\n"]
             assert client.reroutes >= 1
             assert seen[0] in ("lost", "worker_unavailable")
             # interrupted once, replayed by the new worker once, completed once
@@ -171,7 +171,7 @@ async def test_worker_kill9_mid_turn_reroutes_and_answers_once(
             assert lines().count("done warm") == 1
             assert _worker_pids(denv)["r"] != worker
             # the same session goes on
-            assert await client.prompt("r", "after") == "[slow turn 3] after"
+            assert await client.prompt("r", "after") == "[slow turn 3] after\n"
             assert lines().count("done payload") == 1
 
 
@@ -184,8 +184,8 @@ async def test_restart_old_route_gets_grant_refused_and_reroutes_transparently(
     with trio.fail_after(90):
         async with _client(denv) as client:
             seen = _spy_route_errors(client, monkeypatch)
-            assert await client.prompt("g", "one") == "[echo turn 1] one"
-            assert await client.prompt("g", "two") == "[echo turn 2] two"
+            assert await client.prompt("g", "one") == "[echo turn 1] one\n"
+            assert await client.prompt("g", "two") == "[echo turn 2] two\n"
             old = denv.owner()
             worker = _worker_pids(denv)["g"]
             old_route = dict(client._routes["g"])
@@ -194,14 +194,14 @@ async def test_restart_old_route_gets_grant_refused_and_reroutes_transparently(
             assert cp.returncode == 0, cp.stderr
             assert denv.owner()["generation"] != old["generation"]
 
-            assert await client.prompt("g", "three") == "[echo turn 3] three"
+            assert await client.prompt("g", "three") == "[echo turn 3] three\n"
             assert seen == ["grant_refused"]
             assert client.reroutes == 1
             new_route = client._routes["g"]
             assert new_route["generation"] == denv.owner()["generation"]
             assert new_route["generation"] != old_route["generation"]
             assert new_route["worker_pid"] == worker == _worker_pids(denv)["g"]
-            assert await client.prompt("g", "four") == "[echo turn 4] four"
+            assert await client.prompt("g", "four") == "[echo turn 4] four\n"
             assert client.reroutes == 1
 
 
@@ -212,14 +212,14 @@ async def test_sessions_table_counts_turns_prompted_directly(denv: DaemonEnv) ->
     with trio.fail_after(60):
         async with _client(denv) as client:
             for i in range(1, 4):
-                assert await client.prompt("t", f"p{i}") == f"[echo turn {i}] p{i}"
-            assert await client.prompt("u", "only") == "[echo turn 1] only"
+                assert await client.prompt("t", f"p{i}") == f"[echo turn {i}] p{i}\n"
+            assert await client.prompt("u", "only") == "[echo turn 1] only\n"
             rows = await client.sessions()
             assert [(r["session"], r["turns"], r["state"]) for r in rows] == [
                 ("t", 3, "ready"), ("u", 1, "ready"),
             ]
             chunks = [c async for c in client.stream_prompt("t", "p4")]
-            assert chunks == ["[echo turn 4] p4"]
+            assert chunks == ["[echo turn 4] p4\n"]
             rows = await client.sessions()
             assert [(r["session"], r["turns"]) for r in rows] == [("t", 4), ("u", 1)]
             assert client.reroutes == 0
