@@ -274,30 +274,39 @@ async def test_paused_stream_reader_blocks_the_agent_and_memory_stays_flat(
 # --- 6: a client that sends and never reads cannot grow the supervisor ------------------------
 
 
-def test_pipelined_flood_without_reading_keeps_memory_bounded_and_others_served(
-    denv: DaemonEnv,
-) -> None:
-    denv.prompt("start the daemon")
-    sup = int(denv.owner()["pid"])
-    n = 5000
+def flood_pings(conn: Raw, n: int) -> tuple[int, bool]:
+    """Send ``n`` pings on ``conn`` without reading: the complete requests that went into the
+    socket, and whether the supervisor stopped taking them (not writable for 2 s: backpressure,
+    which is fine — the point is that nothing grows without bound)."""
     payload = b"".join(
         json.dumps({"type": "request", "id": i, "client_id": "flood", "op": "ping"},
                    separators=(",", ":")).encode() + b"\n"
         for i in range(1, n + 1)
     )
+    conn.sock.setblocking(False)
+    sent = 0
+    stalled = False
+    deadline = time.monotonic() + 30
+    while sent < len(payload):
+        assert time.monotonic() < deadline, f"neither stalled nor done within 30 s ({sent} B)"
+        try:
+            sent += conn.sock.send(payload[sent:])
+        except BlockingIOError:
+            _, writable, _ = select.select([], [conn.sock], [], 2)
+            if not writable:
+                stalled = True
+                break
+    return payload[:sent].count(b"\n"), stalled
+
+
+def test_pipelined_flood_without_reading_keeps_memory_bounded_and_others_served(
+    denv: DaemonEnv,
+) -> None:
+    denv.prompt("start the daemon")
+    sup = int(denv.owner()["pid"])
     with raw(denv.socket) as flood:
-        flood.sock.setblocking(False)
-        sent = 0
-        deadline = time.monotonic() + 20
-        while sent < len(payload):
-            try:
-                sent += flood.sock.send(payload[sent:])
-            except BlockingIOError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break  # the supervisor stopped reading: backpressure, also fine
-                select.select([], [flood.sock], [], left)
-        if sent == len(payload):
+        whole, stalled = flood_pings(flood, 5000)
+        if not stalled:
             wait_for(lambda: unsent_bytes(flood.sock) == 0, timeout=20,
                      what="the supervisor to read every request")
         samples = [rss_kib(sup)]
@@ -306,8 +315,8 @@ def test_pipelined_flood_without_reading_keeps_memory_bounded_and_others_served(
         samples.append(rss_kib(sup))
         assert max(samples) < 60 * 1024, f"supervisor RSS KiB: {samples}"
         # and the flood's answers all come once it reads
+        flood.sock.setblocking(True)
         flood.sock.settimeout(30)
-        whole = payload[:sent].count(b"\n")
         ids = set()
         for _ in range(whole):
             msg = flood.read()
@@ -327,33 +336,13 @@ def test_flood_of_30000_unread_pings_meets_backpressure_or_stays_small(denv: Dae
     denv.prompt("start the daemon")
     sup = int(denv.owner()["pid"])
     start = rss_kib(sup)
-    n = 30_000
-    payload = b"".join(
-        json.dumps({"type": "request", "id": i, "client_id": "flood", "op": "ping"},
-                   separators=(",", ":")).encode() + b"\n"
-        for i in range(1, n + 1)
-    )
     with raw(denv.socket) as flood:
-        flood.sock.setblocking(False)
-        sent = 0
-        stalled = False
-        deadline = time.monotonic() + 30
-        while sent < len(payload) and time.monotonic() < deadline:
-            try:
-                sent += flood.sock.send(payload[sent:])
-            except BlockingIOError:
-                # not writable for 2 s: the supervisor stopped reading us (backpressure)
-                _, writable, _ = select.select([], [flood.sock], [], 2)
-                if not writable:
-                    stalled = True
-                    break
-        assert stalled or sent == len(payload), "neither stalled nor done within 30 s"
+        requests, stalled = flood_pings(flood, 30_000)
         if not stalled:
             wait_for(lambda: unsent_bytes(flood.sock) == 0, timeout=20,
                      what="the supervisor to read every request")
         assert denv.prompt("still here", session="other") == "[echo turn 1] still here"
         growth = (rss_kib(sup) - start) // 1024
-        requests = payload[:sent].count(b"\n")
         assert growth < 30, (
             f"supervisor grew {growth} MiB holding the answers to {requests} requests nobody"
             f" reads (stalled: {stalled})")
