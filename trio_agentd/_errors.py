@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "shutting_down"
     WORKER_UNAVAILABLE = "worker_unavailable"
     COMMAND_INTERRUPTED = "command_interrupted"
+    COMMAND_CANCELLED = "command_cancelled"
     # a durable write (journal append or flush) failed: ENOSPC, EDQUOT, EFBIG, EIO
     STORAGE_ERROR = "storage_error"
     FRAME_TOO_LARGE = "frame_too_large"

@@ -27,6 +27,7 @@ class JournalState:
     interrupted: set[Key] = field(default_factory=set)
     started: set[Key] = field(default_factory=set)  # its agent ran (or may have)
     never_started: set[Key] = field(default_factory=set)  # interrupted before it ran
+    cancelled: set[Key] = field(default_factory=set)  # interrupted by a cancel
     skipped_lines: int = 0
 
     def pending(self) -> list[tuple[Key, dict[str, Any]]]:
@@ -50,6 +51,8 @@ class JournalState:
                 self.never_started.add(k)
             else:
                 self.never_started.discard(k)
+            if rec.get("cancelled"):
+                self.cancelled.add(k)
         elif kind == "started":
             self.started.add(k)
         else:
@@ -91,11 +94,16 @@ def completed(client_id: str, command_id: str | int, result: Any) -> bytes:
     return _line({"kind": "completed", "client_id": client_id, "id": command_id, "result": result})
 
 
-def interrupted(client_id: str, command_id: str | int, *, started: bool = True) -> bytes:
-    """``started``: whether its agent ran (or may have); absent from the record means it may."""
+def interrupted(
+    client_id: str, command_id: str | int, *, started: bool = True, cancelled: bool = False
+) -> bytes:
+    """``started``: whether its agent ran (or may have); absent from the record means it may.
+    ``cancelled``: a client cancelled it."""
     rec: dict[str, Any] = {"kind": "interrupted", "client_id": client_id, "id": command_id}
     if not started:
         rec["started"] = False
+    if cancelled:
+        rec["cancelled"] = True
     return _line(rec)
 
 
@@ -119,7 +127,8 @@ def compacted(state: JournalState, keep_completed: int) -> bytes:
     for k in state.interrupted:
         rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})
         out += _line({**rec, "kind": "accepted"})
-        out += interrupted(k[0], rec.get("id", k[1]), started=k not in state.never_started)
+        out += interrupted(k[0], rec.get("id", k[1]), started=k not in state.never_started,
+                           cancelled=k in state.cancelled)
     for k, result in done:
         rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})
         out += _line({**rec, "kind": "accepted"})

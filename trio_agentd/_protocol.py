@@ -19,6 +19,9 @@ from ._version import APP_VERSION as APP_VERSION
 from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
 
 MAX_FRAME = 1 << 20  # bytes per line, newline excluded
+# requests one connection may have in flight; past that it is not read from (its sender's
+# writes then block: backpressure, not memory)
+MAX_IN_FLIGHT = 64
 
 CAPABILITIES = ["prompt", "stream", "sessions", "create_session", "kill_session", "shutdown"]
 
@@ -32,6 +35,7 @@ OPS = frozenset(
         "kill_session",
         "retry_session",
         "route",
+        "cancel",
         "restart",
         "shutdown",
     }

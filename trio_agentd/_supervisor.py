@@ -42,6 +42,7 @@ from ._procops import ProcessWorkerOps
 from ._protocol import (
     APP_VERSION,
     CAPABILITIES,
+    MAX_IN_FLIGHT,
     PROTOCOL_VERSION,
     FrameTooLarge,
     Hello,
@@ -529,6 +530,8 @@ class Supervisor:
         self, ms: MessageStream, requests: trio.Nursery, inflight: AsyncValue[int]
     ) -> None:
         while True:
+            # a client that pipelines without reading its answers stops being read from
+            await inflight.wait_value(lambda n: n < MAX_IN_FLIGHT)
             try:
                 line = await ms.receive_line()
             except FrameTooLarge as exc:
@@ -607,6 +610,18 @@ class Supervisor:
                 return await self._prompt(ms, req)
             case "route":
                 return await self._route(args)
+            case "cancel":
+                h = self._known(_str_arg(args, "session"))
+                command_id = args.get("command_id")
+                response = await h.call(
+                    "cancel", {} if command_id is None else {"command_id": command_id},
+                    client_id=req.client_id, on_event=None,
+                )
+                if not response.ok:
+                    from ._protocol import error_of
+
+                    raise error_of(response)
+                return response.result
             case "kill_session":
                 sid = _str_arg(args, "session")
                 victim = self._known(sid)
@@ -637,7 +652,7 @@ class Supervisor:
                 raise AgentdError(
                     ErrorCode.UNKNOWN_OP,
                     f"unknown op {req.op!r} — known: ping, status, create_session, prompt,"
-                    " route, sessions, kill_session, retry_session, restart, shutdown",
+                    " route, cancel, sessions, kill_session, retry_session, restart, shutdown",
                 )
 
     async def _route(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -343,7 +343,15 @@ class SyncClient:
             try:
                 conn = _attach(route, self.timing)
                 conn.send(frame)
-                return _await_response(conn, rid, on_event)
+                try:
+                    return _await_response(conn, rid, on_event)
+                except KeyboardInterrupt:
+                    # Ctrl-C: cancel this command and wait for the worker to confirm (its
+                    # answer: command_cancelled, or its result if it had just finished); a
+                    # second Ctrl-C leaves at once
+                    conn.send({"type": "request", "id": f"cancel-{rid}", "client_id":
+                               self.client_id, "op": "cancel", "args": {"command_id": rid}})
+                    return _await_response(conn, rid, on_event)
             except (OSError, _Lost) as exc:
                 error: Exception = exc
             except AgentdError as exc:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from trio_util import AsyncValue
 
 from . import _fs, _journal
 from ._errors import AgentdError, ErrorCode
@@ -43,6 +44,7 @@ from ._grant import check_grant
 from ._identity import own_start_id, peer_credentials, read_start_id
 from ._output import INLINE_MAX, TurnOutput, chunk_event, pieces, stored_pieces
 from ._protocol import (
+    MAX_IN_FLIGHT,
     Attach,
     Auth,
     AuthOk,
@@ -363,6 +365,7 @@ class _Conn:
         # the newest turn notice not yet sent (notices coalesce: only the latest matters)
         self.notice: Notice | None = None
         self.notice_ready = trio.Event()
+        self.in_flight = AsyncValue(0)  # requests being handled
 
     async def send_notices(self) -> None:
         """Send turn notices one at a time, never cancelled half-way through a frame (that
@@ -385,6 +388,7 @@ class _Running:
         self.output = TurnOutput(None)  # replaced by the turn's own when it starts
         self.sent_to = 0  # bytes of the output the current listener has been sent
         self.lock = trio.Lock()  # orders a listener's catch-up with the live chunks
+        self.cancel_scope = trio.CancelScope()  # a client's cancel ends the agent's turn
         self.result: Any = None
         self.error: AgentdError | None = None
 
@@ -443,6 +447,7 @@ class WorkerCore:
         self.boot_id = _boot_id() if boot_id is None else boot_id
         self.conns: list[_Conn] = []
         self.current: _Conn | None = None
+        self._turn_running: _Running | None = None  # the turn whose agent runs now
         # the claim of the supervisor this worker serves: set by its authentication, kept when
         # its connection closes (a supervisor killed -9 leaves routed clients served) until a
         # newer supervisor authenticates or the claim fails the fence
@@ -455,6 +460,7 @@ class WorkerCore:
         self.turns_run = 0
         self._memory_turns = 0
         self._memory_done: dict[_journal.Key, Any] = {}
+        self._memory_cancelled: set[_journal.Key] = set()  # without a journal
 
     @property
     def turns(self) -> int:
@@ -641,6 +647,8 @@ class WorkerCore:
 
     async def _read_commands(self, conn: _Conn, handlers: trio.Nursery) -> None:
         while True:
+            # a peer that pipelines without reading its answers stops being read from
+            await conn.in_flight.wait_value(lambda n: n < MAX_IN_FLIGHT)
             try:
                 line = await conn.ms.receive_line()
             except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
@@ -653,7 +661,8 @@ class WorkerCore:
                 await self._respond(conn, fail(request_id_of(line), exc))
                 continue
             if isinstance(req, Request):
-                handlers.start_soon(self._handle, conn, req)
+                conn.in_flight.value += 1
+                handlers.start_soon(self._handle_counted, conn, req)
             else:
                 await self._respond(conn, fail(None, AgentdError(
                     ErrorCode.BAD_REQUEST, f"expected a request, got {type(req).__name__}")))
@@ -716,6 +725,12 @@ class WorkerCore:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await conn.ms.send(msg)
 
+    async def _handle_counted(self, conn: _Conn, req: Request) -> None:
+        try:
+            await self._handle(conn, req)
+        finally:
+            conn.in_flight.value -= 1
+
     async def _handle(self, conn: _Conn, req: Request) -> None:
         if not self._valid(conn):
             if conn.direct:
@@ -727,7 +742,7 @@ class WorkerCore:
                 return
             await self._drop(conn, "supervisor claim no longer valid")
             return
-        if conn.direct and req.op not in ("prompt", "ping", "status"):
+        if conn.direct and req.op not in ("prompt", "cancel", "ping", "status"):
             await self._respond(conn, fail(req.id, AgentdError(
                 ErrorCode.UNKNOWN_OP, f"op {req.op!r} is not served on a direct route")))
             return
@@ -736,6 +751,8 @@ class WorkerCore:
                 await self._prompt(conn, req)
             case "ping" | "status":
                 await self._respond(conn, ok(req.id, self.status()))
+            case "cancel":
+                await self._cancel(conn, req)
             case "stop":
                 await self._respond(conn, ok(req.id, {"stopping": True}))
                 self.stop_requested.set()
@@ -821,10 +838,37 @@ class WorkerCore:
             running.sent_to = 0
             await self._catch_up(running)
         await running.done.wait()
+        if (
+            running.error is None
+            and isinstance(running.result, dict)
+            and "reply" not in running.result
+            and running.listener is conn
+        ):
+            # an answer that cannot come inline (binary, or big) comes as chunks, streamed
+            # or not
+            async with running.lock:
+                running.stream = True
+                await self._catch_up(running)
         if running.error is not None:
             await self._respond(conn, fail(req.id, running.error))
         else:
             await self._respond(conn, ok(req.id, running.result))
+
+    async def _cancel(self, conn: _Conn, req: Request) -> None:
+        """Cancel a running turn: this client's command ``command_id``, or without one the
+        session's running turn. Answered once the turn has ended (its processes reaped)."""
+        command_id = req.args.get("command_id")
+        if command_id is not None:
+            running = self._running.get(_journal.key_of(req.client_id, command_id))
+        else:
+            running = self._turn_running
+        if running is None or running.done.is_set():
+            await self._respond(conn, ok(req.id, {"cancelled": False,
+                                                  "reason": "no such turn is running"}))
+            return
+        running.cancel_scope.cancel()
+        await running.done.wait()
+        await self._respond(conn, ok(req.id, {"cancelled": True}))
 
     def _notify(self, notice: Notice) -> None:
         """Tell the supervisor (if one is connected) without waiting for it."""
@@ -871,10 +915,14 @@ class WorkerCore:
             if k in state.completed:
                 return (True, state.completed[k])
             if k in state.interrupted:
+                if k in state.cancelled:
+                    return (False, None)
                 return (False, k not in state.never_started)
             return None
         if k in self._memory_done:
             return (True, self._memory_done[k])
+        if k in self._memory_cancelled:
+            return (False, None)
         return None
 
     async def _answer_if_done(self, conn: _Conn, req: Request, k: _journal.Key) -> bool:
@@ -895,11 +943,14 @@ class WorkerCore:
             # a resend of a finished command gets its whole output again
             for at, piece in stored_pieces(result):
                 await self._respond(conn, Event(id=req.id, event=chunk_event(at, piece)))
-        await self._respond(
-            conn,
-            ok(req.id, result) if completed
-            else fail(req.id, interrupted_error(k, started=bool(result))),
-        )
+        if completed:
+            answer = ok(req.id, result)
+        elif result is None:
+            answer = fail(req.id, AgentdError(
+                ErrorCode.COMMAND_CANCELLED, f"command {k[1]} was cancelled", {"id": k[1]}))
+        else:
+            answer = fail(req.id, interrupted_error(k, started=bool(result)))
+        await self._respond(conn, answer)
         return True
 
     async def _execute(
@@ -934,6 +985,7 @@ class WorkerCore:
             running.error = exc  # it never ran (_run_turn answers for a turn that ran)
             seq = 0
         finally:
+            self._turn_running = None
             self._turn.release()
             self._notify(Notice(kind="turn_done", turn=self.turns))
         if self.journal is not None:
@@ -973,11 +1025,25 @@ class WorkerCore:
         if journal is not None:
             # not flushed on its own: it rides the outcome's flush (see _recover_one)
             journal.append(_journal.started(k[0], k[1]))
+        self._turn_running = running
         try:
-            turn_chunks = self.agent.turn(text, ctx)
-            async with _closing(turn_chunks):
-                async for chunk in turn_chunks:
-                    await self._relay(running, chunk)
+            with running.cancel_scope:
+                turn_chunks = self.agent.turn(text, ctx)
+                async with _closing(turn_chunks):
+                    async for chunk in turn_chunks:
+                        await self._relay(running, chunk)
+            if running.cancel_scope.cancelled_caught:
+                output.close()
+                log.info("turn %s cancelled by its client", turn)
+                running.error = AgentdError(
+                    ErrorCode.COMMAND_CANCELLED,
+                    f"turn {turn} was cancelled; its processes were stopped (what it did"
+                    " before stays done)",
+                    {"turn": turn},
+                )
+                if journal is None:
+                    self._memory_cancelled.add(k)
+                return self._outcome(running, _journal.interrupted(k[0], k[1], cancelled=True))
         except OSError as exc:
             output.close()
             log.error("turn %s: cannot keep its output: %s", turn, exc)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DOCTOR = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, as a shell reports it
 EXIT_PIPE = 128 + 13  # stdout closed early: the status a shell reports for death by SIGPIPE
 
 _EXIT_EPILOG = (
@@ -186,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("kill", help="stop a session's worker and forget the session")
     k.add_argument("session")
+    c = sub.add_parser("cancel", help="cancel the turn a session is running (as Ctrl-C on -p)")
+    c.add_argument("session")
     r = sub.add_parser("retry", help="re-arm a session marked failed")
     r.add_argument("session")
 
@@ -311,6 +314,12 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
                 _client(layout).request("kill_session", {"session": args.session})
                 print(f"killed session {args.session}")
                 return EXIT_OK
+            case "cancel":
+                done = _client(layout).request("cancel", {"session": args.session})
+                print(f"cancelled the running turn of session {args.session}"
+                      if isinstance(done, dict) and done.get("cancelled")
+                      else f"session {args.session} runs no turn")
+                return EXIT_OK
             case "retry":
                 _client(layout).request("retry_session", {"session": args.session})
                 print(f"re-armed session {args.session}")
@@ -325,14 +334,15 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
                 return _cmd_doctor(layout, args)
     except AgentdError as exc:
         _error(exc.message)
-        return EXIT_FAIL
+        # Ctrl-C on -p cancelled the turn and the worker confirmed: as a shell's SIGINT
+        return EXIT_INTERRUPTED if exc.code == ErrorCode.COMMAND_CANCELLED else EXIT_FAIL
     except BrokenPipeError:
         raise  # run() tells a closed stdout from any other broken pipe
     except OSError as exc:
         _report_os_error(exc)
         return EXIT_FAIL
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED  # a second Ctrl-C: at once, without waiting for the worker
     return EXIT_USAGE
 
 

@@ -326,10 +326,6 @@ def test_pipelined_flood_without_reading_keeps_memory_bounded_and_others_served(
         assert ids == set(range(1, whole + 1))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: Supervisor._read_requests reads and starts a task for every request with no bound"
-    " on a connection's requests in flight: a client that sends and never reads grows the"
-    " supervisor ~5 KiB per request (30,000 pings: ~150 MiB)"))
 def test_flood_of_30000_unread_pings_meets_backpressure_or_stays_small(denv: DaemonEnv) -> None:
     """A client that only sends must not make the supervisor hold an answer task per request
     without bound: it should stop reading (the client's sends then block) long before."""
@@ -354,10 +350,6 @@ def test_flood_of_30000_unread_pings_meets_backpressure_or_stays_small(denv: Dae
 BINARY = r"printf '\000\377\200abc'"  # octal: /bin/sh may be dash, whose printf has no \x
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a prompt sent with stream=False whose small output is not UTF-8 is answered with"
-    " neither chunks nor a reply (only output/bytes): WorkerCore._prompt never sends it; the"
-    " Trio client's prompt_bytes returns b''"))
 async def test_trio_client_prompt_bytes_is_binary_safe(denv: DaemonEnv) -> None:
     denv.prompt("start the daemon")
     with trio.fail_after(30):
@@ -407,9 +399,6 @@ def test_resend_of_an_unstreamed_small_binary_answer_carries_its_bytes(denv: Dae
     assert again == b"\x00\xff\x80abc"  # _answer_if_done sends the kept file
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: WorkerCore._prompt answers a stream=False prompt whose small output is not UTF-8"
-    " with only output/bytes: no chunk was sent (wants_chunks() is False) and no reply"))
 def test_unstreamed_small_binary_answer_carries_its_bytes_the_first_time(
     denv: DaemonEnv,
 ) -> None:

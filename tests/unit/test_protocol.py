@@ -257,6 +257,7 @@ def test_ops_are_the_ops_of_the_spec() -> None:
                 "kill_session",
                 "retry_session",
                 "route",
+                "cancel",
                 "restart",
                 "shutdown",
             }

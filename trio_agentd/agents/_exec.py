@@ -48,6 +48,7 @@ _REAP_BOUND = 2.0
 only bounds a process stuck in the kernel)."""
 
 _READ_SIZE = 65536
+_TERM_GRACE = 0.1  # between SIGTERM and SIGKILL, once SIGINT's grace ran out
 _WRITE_SIZE = 65536
 
 
@@ -286,9 +287,10 @@ class _GroupRun:
     async def finish(self, grace: float) -> None:
         """Kill what is left of the group, reap the leader, close every descriptor.
 
-        A leader still running gets SIGTERM with the rest of its group and ``grace`` seconds to
-        exit; then the group gets SIGKILL, which also takes any member that outlived its leader
-        (nothing started by a turn outlives it). The caller bounds and shields this.
+        A leader still running (a cancelled turn, as Ctrl-C at a terminal) gets SIGINT with the
+        rest of its group and ``grace`` seconds to exit, then SIGTERM and, a moment later,
+        SIGKILL, which also takes any member that outlived its leader (nothing started by a
+        turn outlives it). The caller bounds and shields this.
 
         Cancellation: must not be; the caller shields it. Cut short by the caller's bound, the
         descriptors are still closed but the leader may stay unreaped.
@@ -298,9 +300,13 @@ class _GroupRun:
                 self.feeder.close()
             pgid = self.proc.pid
             if not self.leader_exited:
-                _signal_group(pgid, signal.SIGTERM)
-                with trio.move_on_after(grace):
+                _signal_group(pgid, signal.SIGINT)
+                with trio.move_on_after(grace) as waited:
                     await trio.lowlevel.wait_readable(self.pidfd)
+                if waited.cancelled_caught:
+                    _signal_group(pgid, signal.SIGTERM)
+                    with trio.move_on_after(_TERM_GRACE):
+                        await trio.lowlevel.wait_readable(self.pidfd)
             _signal_group(pgid, signal.SIGKILL)
             self.returncode = await self.proc.wait()
         finally:
