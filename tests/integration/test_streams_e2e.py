@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import psutil
-import pytest
 import trio
 
 import trio_agentd
