@@ -378,6 +378,13 @@ class Client:
         if failure:
             raise failure[0]
 
+    async def cancel(self, session: str) -> bool:
+        """Cancel the turn ``session`` is running (its processes get SIGINT, then TERM and KILL
+        after the stop grace); ``True`` once it ended, ``False`` if none was running. The
+        prompt that ran it fails with ``command_cancelled``."""
+        result = await self.request("cancel", {"session": session})
+        return bool(isinstance(result, dict) and result.get("cancelled"))
+
     async def sessions(self) -> list[dict[str, Any]]:
         return list(await self.request("sessions"))
 

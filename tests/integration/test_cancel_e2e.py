@@ -74,3 +74,34 @@ def test_a_lost_connection_is_not_a_cancel(denv: DaemonEnv) -> None:
     transcript = (denv.home / "sessions" / "l" / "transcript.jsonl").read_text()
     assert "finished" in transcript
     assert os.path.exists(denv.socket)
+
+
+async def test_trio_client_cancel_fails_the_prompt_with_command_cancelled(
+    denv: DaemonEnv,
+) -> None:
+    import pytest
+    import trio
+
+    import trio_agentd
+
+    with trio.fail_after(30):
+        async with trio_agentd.open_client(
+            denv.socket, home=str(denv.home), registry=str(denv.registry)
+        ) as client:
+            seen: list[str] = []
+            cancelled: list[bool] = []
+
+            async def read_and_cancel() -> None:
+                async for chunk in client.stream_prompt(
+                    "t", "echo started; sleep 1000", agent="shell"
+                ):
+                    seen.append(chunk)
+                    cancelled.append(await client.cancel("t"))  # once the turn ended
+
+            with pytest.raises(trio_agentd.AgentdError) as info:
+                await read_and_cancel()
+            assert info.value.code == "command_cancelled"
+            assert cancelled == [True]
+            assert seen == ["started\n"]
+            assert await client.cancel("t") is False
+            assert await client.prompt("t", "echo next") == "next\n"
