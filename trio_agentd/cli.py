@@ -347,7 +347,12 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
 
 
 def _error(message: str) -> None:
-    print(f"trio-agentd: error: {message}", file=sys.stderr)
+    """One error on stderr. Messages quote what others sent (agent specs, paths, a daemon's
+    log), so control characters are shown escaped; line breaks stay (a log tail)."""
+    from ._text import printable
+
+    text = "\n".join(printable(line) for line in message.split("\n"))
+    print(f"trio-agentd: error: {text}", file=sys.stderr)
 
 
 def _report_os_error(exc: OSError) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from typing import Any
 
 from ..hostile_frames import HOSTILE_FRAMES
@@ -88,3 +90,16 @@ def test_sessions_table_escapes_an_agent_spec_with_terminal_escapes(denv: Daemon
     cp = denv.run("sessions", "--json")
     assert cp.returncode == 0, cp.stderr
     assert agent in [row["agent"] for row in json.loads(cp.stdout)]  # JSON stays raw
+
+
+def test_error_messages_escape_terminal_sequences(denv: DaemonEnv) -> None:
+    # an agent spec quoted back in an error is shown escaped, not run by the terminal
+    cp = subprocess.run(
+        [sys.executable, "-m", "trio_agentd", "-p", "-s", "x", "--agent",
+         "exec:no-such-\x1b]0;pwned\x07-program", "hi"],
+        env=denv.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert cp.returncode != 0
+    assert "\x1b" not in cp.stderr
+    assert "\x07" not in cp.stderr
+    assert "\\x1b]0;pwned\\x07" in cp.stderr
