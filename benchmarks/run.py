@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import _venv
+
 REPO = Path(__file__).resolve().parent.parent
 RUNNER_MARKER = "TA_BENCH_RUNNER"
 PLOT_NAME = "benchmarks-recovery.png"
@@ -142,6 +144,8 @@ def _child(name: str, quick: bool, out: Path) -> int:
     t0 = time.perf_counter()
     result: Data
     try:
+        if os.environ.get("TA_BENCH_ALLOW_SOURCE") != "1":
+            _venv.check_self()  # NotInstalled: an editable install or the source tree
         result = {"data": BY_NAME[name].fn(quick)}
     except KeyboardInterrupt:
         result = {"error": "interrupted (SIGTERM or Ctrl-C); what it started was killed"}
@@ -183,11 +187,12 @@ def _sweep(marker: bytes) -> list[str]:
     return hit
 
 
-def _run_child(fig: Figure, quick: bool, tmp: Path, runner_id: str) -> Data:
+def _run_child(fig: Figure, quick: bool, tmp: Path, runner_id: str, venv: Data) -> Data:
     out = tmp / f"{fig.name}.json"
-    env = dict(os.environ, **{RUNNER_MARKER: runner_id})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "benchmarks.run", "--child", fig.name, "--out", str(out)]
+    env = _venv.child_env(venv)
+    env[RUNNER_MARKER] = runner_id
+    # the bench venv's python, -P: the cwd (the repo, with its source tree) is not on sys.path
+    argv = [venv["python"], "-P", "-m", "benchmarks.run", "--child", fig.name, "--out", str(out)]
     if quick:
         argv.append("--quick")
     timeout = fig.timeout / 2 if quick else fig.timeout
@@ -937,19 +942,28 @@ def main(argv: list[str] | None = None) -> int:
         order = [n for n in order if n in wanted]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    print("== bench venv: a plain `pip install .` of this tree (reused if unchanged)",
+          file=sys.stderr, flush=True)
+    try:
+        venv = _venv.ensure()
+    except Exception as exc:
+        print(f"cannot make the bench venv: {exc}", file=sys.stderr)
+        return 1
+    print(f"== bench venv: {venv['venv']} ({'reused' if venv['cached'] else 'installed'}, "
+          f"{venv['install_s']} s)", file=sys.stderr, flush=True)
     runner_id = uuid.uuid4().hex
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"ta-bench-{runner_id[:12]}"
     tmp.mkdir(mode=0o700)
     report: Data = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                     "quick": args.quick, "machine": machine_info(), "code": code_info(),
-                    "load_start": _loadavg(),
+                    "load_start": _loadavg(), "venv": venv,
                     "order": order, "figures": {}}
     t0 = time.perf_counter()
     try:
         for name in order:
             fig = BY_NAME[name]
             print(f"== {name}: {fig.title}", file=sys.stderr, flush=True)
-            res = _run_child(fig, args.quick, tmp, runner_id)
+            res = _run_child(fig, args.quick, tmp, runner_id, venv)
             report["figures"][name] = res
             status = f"error: {res['error']}" if "error" in res else "ok"
             print(f"== {name}: {status} ({res['wall_s']} s)", file=sys.stderr, flush=True)
