@@ -62,6 +62,12 @@ def _startup(quick: bool) -> Data:
     return startup.run(quick)
 
 
+def _streaming(quick: bool) -> Data:
+    from . import streaming
+
+    return streaming.run(quick)
+
+
 def _recovery(quick: bool) -> Data:
     from . import recovery
 
@@ -124,6 +130,7 @@ class Figure:
 FIGURES = [
     Figure("cli_warm", "CLI warm prompt", _cli_warm, 180),
     Figure("roundtrip", "Prompt round trip and throughput", _roundtrip, 300),
+    Figure("streaming", "Streaming: one session, 16 sessions, memory", _streaming, 900),
     Figure("startup", "Cold start and concurrent launches", _startup, 300),
     Figure("recovery", "Recovery after kill -9", _recovery, 600),
     Figure("footprint", "Idle cost, memory and scale", _footprint, 600),
