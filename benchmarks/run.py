@@ -93,6 +93,12 @@ def _recovery(quick: bool) -> Data:
             "total_s": round(time.monotonic() - t0, 1)}
 
 
+def _dataplane(quick: bool) -> Data:
+    from . import dataplane
+
+    return dataplane.run(quick)
+
+
 def _footprint(quick: bool) -> Data:
     from . import footprint
 
@@ -133,6 +139,8 @@ FIGURES = [
     Figure("streaming", "Streaming: one session, 16 sessions, memory", _streaming, 900),
     Figure("startup", "Cold start and concurrent launches", _startup, 300),
     Figure("recovery", "Recovery after kill -9", _recovery, 600),
+    Figure("dataplane", "Data plane: supervisor kill -9 under streams and routed sessions",
+           _dataplane, 900),
     Figure("footprint", "Idle cost, memory and scale", _footprint, 600),
     Figure("doctor", "ps --json, doctor, doctor --fix", _doctor, 300),
     Figure("peers", "Peers: supervisord, circus, pm2", _peers, 900),
