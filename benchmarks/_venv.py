@@ -137,8 +137,10 @@ def _verify(info: dict[str, Any]) -> dict[str, Any]:
     editable = bool((info.get("direct_url") or {}).get("dir_info", {}).get("editable"))
     if editable:
         raise NotInstalled("trio_agentd is an editable install: refusing to measure it "
-                           "(benchmarks run from a plain `pip install .`; see benchmarks/_venv.py)")
-    if (REPO / "trio_agentd") in file.parents or not str(file).startswith(str(Path(info["prefix"]).resolve())):
+                           "(benchmarks run from a plain `pip install .`; see "
+                           "benchmarks/_venv.py)")
+    prefix = str(Path(info["prefix"]).resolve())
+    if (REPO / "trio_agentd") in file.parents or not str(file).startswith(prefix):
         raise NotInstalled(f"trio_agentd is imported from {file}, not from the bench venv "
                            f"{info['prefix']}: refusing to measure the source tree")
     if info.get("pyc", 0) < info.get("py", 1):

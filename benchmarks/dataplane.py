@@ -23,6 +23,7 @@ Usage: ``python -m benchmarks.dataplane [--quick]``.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import signal
@@ -91,7 +92,7 @@ def _damage(data: bytes) -> dict[str, int]:
     return {"gaps": sum(missing.values()), "duplicates": sum(extra.values()),
             "bytes_lost": sum((len(k) + 1) * v for k, v in missing.items()),
             "bytes_doubled": sum((len(k) + 1) * v for k, v in extra.items()) + len(tail),
-            "out_of_order": sum(1 for a, b in zip(nums, nums[1:], strict=False) if b <= a)}
+            "out_of_order": sum(1 for a, b in itertools.pairwise(nums) if b <= a)}
 
 
 # --- (a) kill -9 while streaming ---------------------------------------------------------------

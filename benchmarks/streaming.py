@@ -30,6 +30,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -119,7 +120,8 @@ def one_session(size: int, reps: int) -> dict[str, Any]:
             "pipe_s": summary(pipe, 1.0), "cli_s": summary(cli, 1.0),
             "ratio": med_cli["median"] / med_pipe["median"],
             "cpu_s": {k: summary(v, 1.0) for k, v in cpu.items()},
-            "samples_cli_s": [round(x, 3) for x in cli], "samples_pipe_s": [round(x, 3) for x in pipe]}
+            "samples_cli_s": [round(x, 3) for x in cli],
+            "samples_pipe_s": [round(x, 3) for x in pipe]}
 
 
 def many_sessions(count: int, size: int, reps: int) -> dict[str, Any]:
@@ -147,7 +149,7 @@ def many_sessions(count: int, size: int, reps: int) -> dict[str, Any]:
                 raise BenchError(f"CLI streams exited {codes}")
             _drop_outputs(env)
             total = count * size / MB
-            print(f"  {count} sessions × {size / MB:,.0f} MB, rep {rep + 1}/{reps}: pipes "
+            print(f"  {count} sessions x {size / MB:,.0f} MB, rep {rep + 1}/{reps}: pipes "
                   f"{total / pipe[-1]:,.0f} MB/s, trio-agentd {total / cli[-1]:,.0f} MB/s",
                   file=sys.stderr)
         env.run("shutdown")
@@ -241,10 +243,12 @@ def run(quick: bool) -> dict[str, Any]:
     size = 100 * MB if quick else 1000 * MB
     out: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    for name, fn in (("one", lambda: one_session(size, 2 if quick else 3)),
-                     ("many", lambda: many_sessions(16, (25 if quick else 250) * MB,
-                                                    1 if quick else 2)),
-                     ("memory", lambda: memory(size, 10.0, 1 if quick else 2))):
+    parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("one", lambda: one_session(size, 2 if quick else 3)),
+        ("many", lambda: many_sessions(16, (25 if quick else 250) * MB, 1 if quick else 2)),
+        ("memory", lambda: memory(size, 10.0, 1 if quick else 2)),
+    ]
+    for name, fn in parts:
         try:
             out[name] = fn()
         except Exception as exc:  # one part failing keeps the others
