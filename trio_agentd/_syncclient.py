@@ -31,6 +31,8 @@ MAX_FRAME = 1 << 20
 RETRY_FOR = 60.0  # seconds a command keeps being resent across lost connections
 # errors that mean "this supervisor is going away": reconnect and resend
 _RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
+# a direct route that fails with these goes back to the supervisor for a new one
+_REROUTE = frozenset({ErrorCode.WORKER_UNAVAILABLE, ErrorCode.GRANT_REFUSED})
 
 
 # ops that may create a session: they carry the creating client's cwd and environment
@@ -219,6 +221,7 @@ class SyncClient:
         self._conn: _Conn | None = None
         self.hello: dict[str, Any] = {}
         self.resent = False
+        self._route_ids = 0  # route requests have ids of their own ("route-N")
 
     def connect(self) -> dict[str, Any]:
         check_socket_path(self.layout.socket)
@@ -271,19 +274,31 @@ class SyncClient:
         args = args or {}
         if op in CREATING_OPS:
             args = creator_args(args)
+        self.resent = False
+        if op == "prompt":
+            return self._prompt_direct(rid, args, on_event)
+        return self._request_supervisor(rid, op, args, on_event, retry_for)
+
+    def _request_supervisor(
+        self,
+        rid: int | str,
+        op: str,
+        args: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], None] | None,
+        retry_for: float | None,
+    ) -> Any:
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": op,
                  "args": args}
         budget = RETRY_FOR if retry_for is None else retry_for
         deadline = time.monotonic() + budget
         delay = 0.025
-        self.resent = False
         while True:
             try:
                 if self._conn is None:
                     self.connect()
                 assert self._conn is not None
                 self._conn.send(frame)
-                return self._await_response(rid, on_event)
+                return _await_response(self._conn, rid, on_event)
             except (OSError, _Lost) as exc:
                 self.close()
                 if time.monotonic() + delay > deadline:
@@ -304,34 +319,134 @@ class SyncClient:
             delay = min(delay * 2, 1.0)
             self.resent = True
 
-    def _await_response(
-        self, rid: int, on_event: Callable[[dict[str, Any]], None] | None
+    # the data plane ------------------------------------------------------------------------
+    def _prompt_direct(
+        self, rid: int, args: dict[str, Any], on_event: Callable[[dict[str, Any]], None] | None
     ) -> Any:
-        assert self._conn is not None
+        """A prompt over the session's direct route (see ``trio_agentd._client``): the
+        supervisor grants the route, the worker runs the prompt; when the route fails the
+        supervisor is asked again and the same ``(client_id, id)`` is resent."""
+        session = str(args.get("session") or "default")
+        worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False}
+        frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": "prompt",
+                 "args": worker_args}
+        route_args: dict[str, Any] = {k: args[k] for k in ("agent", "cwd", "env") if k in args}
+        route_args["session"] = session
+        deadline = time.monotonic() + RETRY_FOR
+        delay = 0.025
         while True:
-            msg = self._conn.read_message(None)
-            if msg is None:
-                raise _Lost("the supervisor closed the connection")
-            if msg.get("id") != rid:
-                if msg.get("type") == "response" and msg.get("id") is None and not msg.get("ok"):
-                    err = _dict(msg.get("error"))
-                    raise AgentdError(str(err.get("code")), str(err.get("message")))
-                continue
-            if msg.get("type") == "event":
-                if on_event is not None:
-                    on_event(_dict(msg.get("event")))
-                continue
-            if msg.get("type") == "response":
-                if msg.get("ok"):
-                    return msg.get("result")
-                err = _dict(msg.get("error"))
+            self._route_ids += 1
+            route = self._request_supervisor(
+                f"route-{self._route_ids}", "route", route_args, None, None
+            )
+            conn: _Conn | None = None
+            try:
+                conn = _attach(route, self.timing)
+                conn.send(frame)
+                return _await_response(conn, rid, on_event)
+            except (OSError, _Lost) as exc:
+                error: Exception = exc
+            except AgentdError as exc:
+                if exc.code not in _REROUTE:
+                    raise
+                error = exc
+            finally:
+                if conn is not None:
+                    conn.close()
+            if time.monotonic() + delay > deadline:
                 raise AgentdError(
-                    str(err.get("code", ErrorCode.INTERNAL)),
-                    str(err.get("message", "request failed")),
-                    _dict(err.get("details")),
-                )
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"session {session}: its worker could not be reached again within"
+                    f" {RETRY_FOR:g}s ({error})",
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            self.resent = True
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _attach(route: dict[str, Any], timing: Timing | ClientTiming) -> _Conn:
+    """Connect to the worker a route names, prove it ours, present the grant.
+
+    Raises:
+        AgentdError: ``worker_unavailable``, ``grant_refused`` or ``permission_denied``.
+    """
+    path = str(route.get("worker_socket"))
+    try:
+        prove_socket_dir(os.path.dirname(path))
+    except AgentdError as exc:
+        if exc.code != ErrorCode.DAEMON_UNAVAILABLE:
+            raise
+        raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, exc.message) from None
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timing.connect_timeout)
+    try:
+        s.connect(path)
+        prove_peer(s, path)
+    except OSError as exc:
+        s.close()
+        raise AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE, f"cannot reach the worker at {path}: {exc}"
+        ) from None
+    except BaseException:
+        s.close()
+        raise
+    conn = _Conn(s)
+    try:
+        hello = conn.read_message(timing.hello_timeout)
+        if hello is None or hello.get("type") != "worker_hello" or hello.get(
+            "pid"
+        ) != route.get("worker_pid"):
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, f"{path} is not the routed worker")
+        conn.send({"type": "attach", "grant": str(route.get("grant"))})
+        reply = conn.read_message(timing.hello_timeout)
+        if reply is not None and reply.get("type") == "dropped":
+            raise AgentdError(str(reply.get("code")), str(reply.get("message")))
+        if reply is None or reply.get("type") != "auth_ok":
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, f"the worker at {path} did not"
+                              " admit us")
+    except OSError:
+        conn.close()
+        raise AgentdError(ErrorCode.WORKER_UNAVAILABLE,
+                          f"the worker at {path} did not answer") from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _await_response(
+    conn: _Conn, rid: int | str, on_event: Callable[[dict[str, Any]], None] | None
+) -> Any:
+    """Read until the response to ``rid`` (events go to ``on_event``); its result.
+
+    Raises:
+        _Lost: the connection ended first.
+        AgentdError: the command failed.
+    """
+    while True:
+        msg = conn.read_message(None)
+        if msg is None:
+            raise _Lost("the connection closed before the response")
+        if msg.get("id") != rid:
+            if msg.get("type") == "response" and msg.get("id") is None and not msg.get("ok"):
+                err = _dict(msg.get("error"))
+                raise AgentdError(str(err.get("code")), str(err.get("message")))
+            continue
+        if msg.get("type") == "event":
+            if on_event is not None:
+                on_event(_dict(msg.get("event")))
+            continue
+        if msg.get("type") == "response":
+            if msg.get("ok"):
+                return msg.get("result")
+            err = _dict(msg.get("error"))
+            raise AgentdError(
+                str(err.get("code", ErrorCode.INTERNAL)),
+                str(err.get("message", "request failed")),
+                _dict(err.get("details")),
+            )

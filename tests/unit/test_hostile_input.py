@@ -505,11 +505,10 @@ def test_sync_client_answers_hostile_responses_with_a_result_or_agentd_error(
     obj: dict[str, Any], kind: str
 ) -> None:
     obj["type"] = kind
-    client = _syncclient.SyncClient(_layout(), autostart=False)
     events: list[dict[str, Any]] = []
-    client._conn = _sync_conn(_dumps(obj))
-    with contextlib.closing(client):
-        _, exc = _call(client._await_response, 1, events.append)
+    conn = _sync_conn(_dumps(obj))
+    with contextlib.closing(conn):
+        _, exc = _call(_syncclient._await_response, conn, 1, events.append)
     # a lone event, then the end of the stream: a lost connection (_Lost), retried
     assert exc is None or isinstance(exc, AgentdError | _syncclient._Lost), repr(exc)
     assert all(isinstance(e, dict) for e in events)
