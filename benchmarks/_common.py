@@ -13,12 +13,13 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import _venv
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,8 @@ class Env:
         return f"TA_BENCH_RUN={self.root}".encode()
 
     def cli(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "trio_agentd", *args]
+        """The bench venv's ``trio-agentd`` console script (what a user runs)."""
+        return [*_venv.cli(), *args]
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.cli(*args), env=self.env, capture_output=True, text=True,
@@ -64,16 +66,15 @@ def _our_pids(marker: bytes) -> list[int]:
 
 
 def ensure_bytecode() -> None:
-    """Compile the package's bytecode, as ``pip install`` does for users.
+    """Refuse to measure anything but a plain installed copy with bytecode (the bench venv of
+    :mod:`benchmarks._venv`): an editable install or the source tree is not what users run.
 
-    Sessions here run with PYTHONDONTWRITEBYTECODE=1 and an editable install, so without this
-    every CLI process would compile its modules from source — a cost no user pays.
+    Set ``TA_BENCH_ALLOW_SOURCE=1`` to run a figure against the source tree anyway (debugging
+    only: the numbers are not comparable).
     """
-    import compileall
-
-    import trio_agentd
-
-    compileall.compile_dir(os.path.dirname(trio_agentd.__file__), quiet=1)
+    if os.environ.get("TA_BENCH_ALLOW_SOURCE") == "1":
+        return
+    _venv.check_self()
 
 
 @contextlib.contextmanager
@@ -124,6 +125,44 @@ def kill_started(env: Env) -> int:
             os.kill(pid, signal.SIGKILL)
             hit += 1
     return hit
+
+
+def echo_ok(result: object, text: str) -> bool:
+    """``result`` is the echo agent's answer to ``text`` (its reply ends its line)."""
+    if not isinstance(result, dict):
+        return False
+    return result.get("reply") == f"[echo turn {result.get('turn')}] {text}\n"
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def vm_rss_kb(pid: int) -> int | None:
+    """``VmRSS`` of ``pid`` in KiB from ``/proc/PID/status``; ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cpu_s(pid: int) -> float | None:
+    """utime + stime of ``pid`` (its threads, and children it waited for) in seconds."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            tail = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    tck = os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in tail[11:15]) / tck
 
 
 def timed(argv: list[str], env: dict[str, str] | None = None) -> float:

@@ -36,7 +36,7 @@ import psutil
 from trio_agentd._paths import Layout
 from trio_agentd._syncclient import SyncClient
 
-from ._common import Env, machine, summary
+from ._common import Env, echo_ok, machine, summary
 from .recovery import BenchError, Pool, _bench_env, _ours, _supervisor, _wait, _workers
 
 THREADS = 8
@@ -77,7 +77,7 @@ def _prompt_all(layout: Layout, sessions: list[str], text: str, pools: list[Pool
                 return
             try:
                 r = client.request("prompt", {"session": s, "text": text})
-                if r.get("reply") != f"[echo turn {r.get('turn')}] {text}":
+                if not echo_ok(r, text):
                     raise BenchError(f"wrong answer {r!r}")
             except Exception as exc:
                 with lock:

@@ -38,7 +38,16 @@ from trio_agentd._identity import read_start_id
 from trio_agentd._paths import Layout
 from trio_agentd._syncclient import SyncClient
 
-from ._common import Env, _our_pids, inherited, kill_started, machine, private_env, summary
+from ._common import (
+    Env,
+    _our_pids,
+    echo_ok,
+    inherited,
+    kill_started,
+    machine,
+    private_env,
+    summary,
+)
 
 POOL = 8  # client threads: for creating sessions, and the concurrent mode after a kill
 WAIT = 120.0  # seconds any one phase may take before the benchmark gives up
@@ -174,7 +183,7 @@ def _wait(predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any
 def _prompt(text: str) -> Callable[[SyncClient, str], Any]:
     def send(client: SyncClient, session: str) -> Any:
         result = client.request("prompt", {"session": session, "text": text})
-        if result.get("reply") != f"[echo turn {result.get('turn')}] {text}":
+        if not echo_ok(result, text):
             raise BenchError(f"session {session}: wrong answer {result!r}")
         return result
     return send
@@ -302,7 +311,7 @@ def worker_kill(reps: int) -> dict[str, Any]:
             os.kill(pid, signal.SIGKILL)
             result = client.request("prompt", {"session": session, "text": text})
             samples.append(time.perf_counter() - t_kill)
-            if result.get("reply") != f"[echo turn {result.get('turn')}] {text}":
+            if not echo_ok(result, text):
                 raise BenchError(f"wrong answer {result!r}")
             new = _workers(env)[session]
             if new[0] == pid:
