@@ -263,7 +263,7 @@ async def accept_forever(
     Returns once the listener's socket is closed.
     """
     reserve = _Reserve() if shed_line is not None else None
-    failing: int | None = None  # the errno of the episode of exhaustion in progress
+    failures = 0  # failed accepts since the last one that worked
     try:
         while True:
             try:
@@ -275,7 +275,7 @@ async def accept_forever(
                     return
                 if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
                     raise
-                failing = exc.errno
+                failures += 1
                 shed = False
                 if (
                     reserve is not None
@@ -292,11 +292,11 @@ async def accept_forever(
                 if not shed:
                     await trio.sleep(backoff)
                 continue
-            if failing is not None:
-                n = rl.clear((what, "accept", failing))
-                rl.logger.info("%s: accepting connections again (after %d failed accepts)",
-                               what, n)
-                failing = None
+            if failures:
+                rl.log(logging.INFO, (what, "accept", "again"),
+                       "%s: accepting connections again (after %d failed accepts)", what,
+                       failures)
+                failures = 0
             start(stream)
     finally:
         if reserve is not None:

@@ -70,7 +70,19 @@ class ProcessWorkerOps:
     def signal(self, h: WorkerHandle, sig: int) -> bool:
         if h.pid is None:
             return False
-        return signal_group_identity_checked(h.pid, h.pid, h.start_id, sig)
+        if signal_group_identity_checked(h.pid, h.pid, h.start_id, sig):
+            return True
+        proc = self._children.get(h.pid)
+        if proc is not None and proc.returncode is None:
+            # our own child, not yet reaped: its pid (and so its group, which it leads) cannot
+            # have been reused, so no identity check is needed — and that check reads /proc,
+            # which fails when we are out of descriptors
+            try:
+                os.killpg(h.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return False
+            return True
+        return False
 
     async def wait_exit(self, h: WorkerHandle) -> None:
         while h.pid is not None and self.alive(h):
@@ -138,6 +150,7 @@ class ProcessWorkerOps:
         if is_exhaustion(exc):
             err = exhaustion_error(exc, what)
             self.exhausted[h.session_id] = err
+            self.rl.error(("start", exc.errno), "session %s: %s", h.session_id, err.message)
             return err
         return AgentdError(ErrorCode.WORKER_UNAVAILABLE, f"{what}: {exc}")
 

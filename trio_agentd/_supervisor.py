@@ -408,8 +408,8 @@ class Supervisor:
                 # logged (rate-limited) and checked again next tick, never "lost"
                 await self.ownership.ensure_current()
                 if last is not None:
-                    self.rl.clear(("self-check", last))
-                    log.info("self-check: ownership confirmed again")
+                    self.rl.log(logging.INFO, ("self-check", None),
+                                "self-check: ownership confirmed again")
                 last = None
             except AgentdError as exc:
                 self.rl.error(("self-check", exc.message), "self-check: %s", exc.message)
@@ -806,8 +806,7 @@ class Supervisor:
             if why is not None:
                 return AgentdError(
                     ErrorCode.RESOURCE_EXHAUSTED,
-                    f"session {h.session_id}: could not start its worker: {why.message}"
-                    " (the next command tries again)",
+                    f"{why.message} (the next command tries again)",
                     why.details,
                 )
         return exc
