@@ -512,8 +512,9 @@ class Supervisor:
                 if len(self.sessions) >= self.config.max_sessions:
                     raise AgentdError(
                         ErrorCode.RESOURCE_EXHAUSTED,
-                        f"this supervisor runs {len(self.sessions)} sessions, the most it"
-                        f" runs — `trio-agentd kill` sessions you no longer need",
+                        f"this supervisor already runs the most sessions it may"
+                        f" ({self.config.max_sessions}) — `trio-agentd kill` sessions you no"
+                        " longer need",
                         {"limit": "max_sessions", "value": self.config.max_sessions},
                     )
                 self._claim_session(session_id, meta)

@@ -4,6 +4,7 @@ it, the real CLI."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -11,6 +12,13 @@ import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import trio_agentd
+from trio_agentd import AgentdError, SupervisorConfig
 
 from .harness import DaemonEnv, wait_for
 
@@ -144,3 +152,57 @@ def test_forty_new_sessions_under_a_low_limit_fail_cleanly_and_all_answer_later(
         assert denv.prompt(f"again {i}", session=f"s{i}") == f"[echo turn {turn}] again {i}"
     assert daemon.poll() is None
     assert "Traceback" not in denv.log_text()
+
+
+# --- in process: a spawn out of descriptors, and the session cap (real workers) ------------
+
+
+def _config(env: DaemonEnv, **kw: Any) -> SupervisorConfig:
+    return SupervisorConfig(socket=env.socket, home=str(env.home), registry=str(env.registry),
+                            stop_workers_on_exit=True, **kw)
+
+
+async def test_a_spawn_out_of_descriptors_fails_that_prompt_and_the_next_prompt_spawns_it(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = trio.lowlevel.open_process
+    calls = 0
+
+    async def no_pipes(*args: Any, **kw: Any) -> trio.Process:
+        nonlocal calls
+        calls += 1
+        raise OSError(errno.EMFILE, "Too many open files")  # as os.pipe() raises it
+
+    with trio.fail_after(60):
+        async with trio_agentd.open_supervisor(_config(denv)) as sup, trio_agentd.open_client(
+            denv.socket, home=str(denv.home), registry=str(denv.registry), autostart=False
+        ) as client:
+            monkeypatch.setattr(trio.lowlevel, "open_process", no_pipes)
+            for _ in range(2):  # and again: still a clear error, never "failed"
+                with pytest.raises(AgentdError) as info:
+                    await client.prompt("s1", "hello")
+                assert info.value.code == "resource_exhausted"
+                assert "could not start the worker of session s1: too many open files" \
+                    " (RLIMIT_NOFILE" in info.value.message
+            assert calls >= 2
+            assert not sup.shutdown_requested.is_set()
+            monkeypatch.setattr(trio.lowlevel, "open_process", real)
+            assert await client.prompt("s1", "hello") == "[echo turn 1] hello\n"
+            assert await client.prompt("s2", "other") == "[echo turn 1] other\n"
+
+
+async def test_creating_a_session_beyond_max_sessions_is_resource_exhausted(
+    denv: DaemonEnv,
+) -> None:
+    with trio.fail_after(60):
+        async with trio_agentd.open_supervisor(_config(denv, max_sessions=1)), \
+                trio_agentd.open_client(denv.socket, home=str(denv.home),
+                                        registry=str(denv.registry), autostart=False) as client:
+            assert await client.prompt("s1", "hello") == "[echo turn 1] hello\n"
+            with pytest.raises(AgentdError) as info:
+                await client.prompt("s2", "hello")
+            assert info.value.code == "resource_exhausted"
+            assert info.value.message == (
+                "this supervisor already runs the most sessions it may (1) —"
+                " `trio-agentd kill` sessions you no longer need")
+            assert await client.prompt("s1", "again") == "[echo turn 2] again\n"
