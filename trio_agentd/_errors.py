@@ -36,6 +36,9 @@ class ErrorCode(StrEnum):
     # a worker refused a client's direct route (expired, or of a replaced supervisor): the
     # client asks the supervisor for a new route and resends with the same command id
     GRANT_REFUSED = "grant_refused"
+    # the daemon ran out of a resource for this one request (open files, processes, memory, a
+    # cap on connections or sessions); it keeps serving, and a retry later may succeed
+    RESOURCE_EXHAUSTED = "resource_exhausted"
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import secrets
 import socket as _socket
@@ -23,6 +24,7 @@ import trio
 from . import _fs
 from ._autostart import log_tail
 from ._errors import AgentdError, ErrorCode
+from ._exhaustion import RateLimitedLog, exhaustion_error, is_exhaustion
 from ._handle import WorkerHandle
 from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
 from ._paths import Layout
@@ -40,7 +42,9 @@ from ._trust import (
 )
 from ._worker import WorkerConfig
 from ._workerlink import WorkerLink, link_over_stream
-from .timing import Timing
+from .timing import LOG_RATE_INTERVAL, Timing
+
+log = logging.getLogger("trio_agentd.supervisor")
 
 DESCRIPTOR_VERSION = 1
 
@@ -52,6 +56,10 @@ class ProcessWorkerOps:
         self.timing = timing
         self.nursery: trio.Nursery | None = None  # for reapers; set once the supervisor runs
         self._children: dict[int, trio.Process] = {}
+        # session → why its last start or connect ran out of resources (cleared by a
+        # connect that succeeds): the supervisor answers resource_exhausted, not "failed"
+        self.exhausted: dict[str, AgentdError] = {}
+        self.rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
 
     # identity ---------------------------------------------------------------------------------
     def alive(self, h: WorkerHandle) -> bool:
@@ -62,7 +70,19 @@ class ProcessWorkerOps:
     def signal(self, h: WorkerHandle, sig: int) -> bool:
         if h.pid is None:
             return False
-        return signal_group_identity_checked(h.pid, h.pid, h.start_id, sig)
+        if signal_group_identity_checked(h.pid, h.pid, h.start_id, sig):
+            return True
+        proc = self._children.get(h.pid)
+        if proc is not None and proc.returncode is None:
+            # our own child, not yet reaped: its pid (and so its group, which it leads) cannot
+            # have been reused, so no identity check is needed — and that check reads /proc,
+            # which fails when we are out of descriptors
+            try:
+                os.killpg(h.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return False
+            return True
+        return False
 
     async def wait_exit(self, h: WorkerHandle) -> None:
         while h.pid is not None and self.alive(h):
@@ -73,14 +93,24 @@ class ProcessWorkerOps:
                 await _wait_pid_exit(h.pid)
 
     def admission_held(self) -> bool:
-        return self.ownership.registry.shutdown_in_progress(self.ownership.admission_ticket)
+        try:
+            return self.ownership.registry.shutdown_in_progress(self.ownership.admission_ticket)
+        except OSError as exc:
+            # cannot tell (out of descriptors): go on; a start then fails the same way and
+            # says so, and a worker started meanwhile is fenced by the registry anyway
+            self.rl.error(("admission", exc.errno), "cannot probe the shutdown admission: %s",
+                          exc)
+            return False
 
     # links ------------------------------------------------------------------------------------
     async def connect(self, h: WorkerHandle) -> WorkerLink:
         if h.token is None:
             raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "no token for this worker")
         path = self.layout.worker_socket(h.session_id)
-        sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        except OSError as exc:
+            raise self._resource_error(h, exc, f"cannot reach worker at {path}") from None
         try:
             # the token goes only to a worker of ours: the dir and the peer are proven first
             prove_socket_dir(os.path.dirname(path))
@@ -88,12 +118,15 @@ class ProcessWorkerOps:
             prove_peer(sock, path)
         except (OSError, AgentdError) as exc:
             sock.close()
+            if isinstance(exc, OSError) and is_exhaustion(exc):
+                raise self._resource_error(h, exc, f"cannot reach worker at {path}") from None
             raise AgentdError(
                 ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
             ) from None
         except BaseException:
             sock.close()
             raise
+        self.exhausted.pop(h.session_id, None)
         own = self.ownership.record
         link = await link_over_stream(
             trio.SocketStream(sock),
@@ -112,7 +145,37 @@ class ProcessWorkerOps:
         return link
 
     # processes --------------------------------------------------------------------------------
+    def _resource_error(self, h: WorkerHandle, exc: OSError, what: str) -> AgentdError:
+        """The AgentdError for an OSError of a start or connect; an exhaustion is recorded."""
+        if is_exhaustion(exc):
+            err = exhaustion_error(exc, what)
+            self.exhausted[h.session_id] = err
+            self.rl.error(("start", exc.errno), "session %s: %s", h.session_id, err.message)
+            return err
+        return AgentdError(ErrorCode.WORKER_UNAVAILABLE, f"{what}: {exc}")
+
     async def spawn(self, h: WorkerHandle) -> None:
+        """Start the session's worker (the start-gate protocol).
+
+        Raises:
+            AgentdError: ``resource_exhausted`` when a pipe, fork, exec or file could not be
+                had for want of resources (EMFILE, ENFILE, EAGAIN, ENOMEM): no worker is left
+                running; ``worker_unavailable`` for any other failure.
+        """
+        self.exhausted.pop(h.session_id, None)
+        try:
+            await self._spawn(h)
+        except OSError as exc:
+            raise self._resource_error(
+                h, exc, f"could not start the worker of session {h.session_id}"
+            ) from None
+        except _fs.UntrustedFile as exc:
+            raise AgentdError(
+                ErrorCode.WORKER_UNAVAILABLE,
+                f"could not start the worker of session {h.session_id}: {exc}",
+            ) from None
+
+    async def _spawn(self, h: WorkerHandle) -> None:
         L = self.layout
         h.token = secrets.token_hex(16)
         session_dir = L.session_dir(h.session_id)
@@ -155,11 +218,20 @@ class ProcessWorkerOps:
             )
         finally:
             os.close(log_fd)
-        h.pid = proc.pid
-        h.start_id = read_start_id(proc.pid)
         self._children[proc.pid] = proc
         if self.nursery is not None:
             self.nursery.start_soon(self._reap, proc)
+        start_id = read_start_id(proc.pid)
+        if start_id is None:
+            # its identity could not be read (out of descriptors?): a worker we could never
+            # signal identity-checked must not run. It has not passed its gate: no children.
+            why = _identity_unreadable(proc.pid)
+            proc.kill()
+            with trio.move_on_after(self.timing.kill_confirm_timeout, shield=True):
+                await proc.wait()
+            raise why
+        h.pid = proc.pid
+        h.start_id = start_id
         assert proc.stdin is not None
         assert proc.stdout is not None
         try:
@@ -282,6 +354,19 @@ def _now() -> str:
     return now_iso()
 
 
+def _identity_unreadable(pid: int) -> Exception:
+    """Why the start id of our new child ``pid`` could not be read: the OSError of reading
+    it (EMFILE…), or a ``worker_unavailable``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb"):
+            pass
+    except OSError as exc:
+        if is_exhaustion(exc):
+            return exc
+    return AgentdError(ErrorCode.WORKER_UNAVAILABLE,
+                       f"could not read the identity of the new worker pid {pid}")
+
+
 def _is_dir(path: str) -> bool:
     return os.path.isdir(path)
 
@@ -295,6 +380,10 @@ async def _wait_pid_exit(pid: int) -> None:
     try:
         fd = pidfd_open(pid)
     except ProcessLookupError:
+        return
+    except OSError:
+        # no descriptor to spare (EMFILE): poll instead; the caller checks liveness again
+        await trio.sleep(0.01)
         return
     try:
         await trio.lowlevel.wait_readable(fd)

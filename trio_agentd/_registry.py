@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import logging
 import os
@@ -339,14 +340,18 @@ class Ownership:
 
     # validation -----------------------------------------------------------------------
     def check(self) -> Cause | None:
-        """Validate once: one small file read, no locks, no process probes."""
+        """Validate once: one small file read, no locks, no process probes.
+
+        Raises:
+            OwnershipUnknown: the record could not be read (EMFILE, ENFILE, EIO…): ownership
+                is neither confirmed nor lost; ask again later.
+        """
         self._checks += 1
-        cause = judge(
-            self.record,
-            self._bytes,
-            self.registry.read_owner_bytes(self.generation),
-            released=self.released,
-        )
+        try:
+            on_disk = self.registry.read_owner_bytes(self.generation)
+        except OSError as exc:
+            raise ownership_unknown(self.generation, exc) from None
+        cause = judge(self.record, self._bytes, on_disk, released=self.released)
         if cause is not None and cause is not Cause.RELEASED and self.registry.is_revoked(
             self.generation
         ):
@@ -360,6 +365,9 @@ class Ownership:
 
         Raises:
             AgentdError: ``ownership_lost`` with ``details.cause`` when it does not.
+            OwnershipUnknown: (``resource_exhausted`` or ``storage_error``) the record could
+                not be read or restored for want of descriptors or an I/O error: unknown, not
+                lost; nothing was restored or given up.
 
         Cancellation: safe at any point; a restore in flight continues for other callers.
         """
@@ -367,7 +375,12 @@ class Ownership:
         if cause is None:
             return
         if cause is Cause.MISSING and self._flight is not None:
-            verdict = await self._flight.run()
+            try:
+                verdict = await self._flight.run()
+            except AgentdError as exc:
+                if isinstance(exc.__cause__, OwnershipUnknown):
+                    raise exc.__cause__ from None
+                raise
             cause = self.check()
             if cause is None:
                 return
@@ -378,6 +391,12 @@ class Ownership:
 
     async def _restore_flight(self) -> RestoreVerdict:
         self._flights += 1
+        try:
+            return await self._restore_flight_guarded()
+        except OSError as exc:
+            raise ownership_unknown(self.generation, exc) from None
+
+    async def _restore_flight_guarded(self) -> RestoreVerdict:
         async with self.registry.guard(self.timing):
             on_disk = self.registry.read_owner_bytes(self.generation)
             conflict = None
@@ -429,6 +448,27 @@ def already_running(incumbent: ScannedRecord) -> AgentdError:
         f"a supervisor is already running for {socket}: pid {pid}, generation"
         f" {incumbent.generation} — use it, or stop it with `trio-agentd shutdown`",
         {"pid": pid, "generation": incumbent.generation, "socket": socket},
+    )
+
+
+class OwnershipUnknown(AgentdError):
+    """The owner record could not be read: ownership is *unknown*, never lost on this."""
+
+
+def ownership_unknown(generation: str, exc: OSError) -> OwnershipUnknown:
+    from ._exhaustion import exhaustion_text, is_exhaustion
+
+    what = f"cannot read the owner record of generation {generation}"
+    if is_exhaustion(exc):
+        return OwnershipUnknown(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            f"{what}: {exhaustion_text(exc.errno)}",
+            {"generation": generation, "errno": errno.errorcode.get(exc.errno or 0)},
+        )
+    return OwnershipUnknown(
+        ErrorCode.STORAGE_ERROR,
+        f"{what}: {exc} — ownership unknown, checked again shortly",
+        {"generation": generation, "errno": errno.errorcode.get(exc.errno or 0)},
     )
 
 

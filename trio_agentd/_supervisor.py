@@ -24,7 +24,7 @@ import signal
 import socket as _socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,13 @@ from trio_util import AsyncValue
 
 from . import _fs
 from ._errors import AgentdError, ErrorCode, single_errors
+from ._exhaustion import (
+    RateLimitedLog,
+    accept_forever,
+    exhaustion_error,
+    exhaustion_text,
+    is_exhaustion,
+)
 from ._grant import make_grant
 from ._handle import WorkerHandle
 from ._identity import is_alive, own_start_id, peer_credentials
@@ -49,6 +56,7 @@ from ._protocol import (
     Request,
     RequestId,
     decode,
+    encode,
     fail,
     ok,
     request_id_of,
@@ -61,7 +69,14 @@ from ._stream import MessageStream
 from ._trust import agent_environment, make_private_dirs, prove_socket_dir
 from ._workerlink import WorkerDropped
 from .agents._base import validate_agent_spec
-from .timing import DEFAULT_TIMING, Timing
+from .timing import (
+    DEFAULT_TIMING,
+    LOG_RATE_INTERVAL,
+    MAX_CLIENT_CONNECTIONS,
+    MAX_SESSIONS,
+    SERVICE_RESTART_DELAY,
+    Timing,
+)
 
 log = logging.getLogger("trio_agentd.supervisor")
 
@@ -77,6 +92,9 @@ class SupervisorConfig:
     timing: Timing = field(default_factory=lambda: DEFAULT_TIMING)
     admission_ticket: str | None = None
     stop_workers_on_exit: bool = False
+    # caps (SPEC §6): beyond them a connection or a new session gets ``resource_exhausted``
+    max_clients: int = MAX_CLIENT_CONNECTIONS
+    max_sessions: int = MAX_SESSIONS
 
     def layout(self) -> Layout:
         return Layout.resolve(socket=self.socket, home=self.home, registry=self.registry)
@@ -122,6 +140,10 @@ class Supervisor:
         self._service: trio.Nursery | None = None
         self._clients: trio.Nursery | None = None
         self.commands = 0
+        self.clients_open = 0  # client connections being served now
+        # repeated causes (EMFILE on every accept, an unreadable owner record on every
+        # self-check) are logged once per LOG_RATE_INTERVAL, with a count
+        self.rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
 
     @property
     def service_nursery(self) -> trio.Nursery:
@@ -160,10 +182,15 @@ class Supervisor:
                     self.ownership.bind_nursery(service)
                     async with trio.open_nursery() as clients:
                         self._clients = clients
-                        service.start_soon(self._accept_loop, self._listen_sock)
-                        service.start_soon(self._signals)
-                        service.start_soon(self._self_check_loop)
-                        service.start_soon(self._idle_sweep_loop)
+                        # service tasks never end the daemon: an unexpected error is
+                        # logged and the task starts again (_keep_running)
+                        service.start_soon(self._keep_running, "accept", self._accept_loop,
+                                           self._listen_sock)
+                        service.start_soon(self._keep_running, "signals", self._signals)
+                        service.start_soon(self._keep_running, "self-check",
+                                           self._self_check_loop)
+                        service.start_soon(self._keep_running, "idle sweep",
+                                           self._idle_sweep_loop)
                         # adoption: every descriptor's session at once, in this one nursery
                         # (commands for a session wait until it is ready)
                         for h, alive, lifecycle in self._loaded:
@@ -323,24 +350,52 @@ class Supervisor:
         self._bind()
         if old is not None:
             old.close()
-        self.service_nursery.start_soon(self._accept_loop, self._listen_sock)
+        self.service_nursery.start_soon(self._keep_running, "accept", self._accept_loop,
+                                        self._listen_sock)
         log.warning("socket %s was removed or replaced; bound it again", self.layout.socket)
 
-    async def _accept_loop(self, sock: trio.socket.SocketType | None) -> None:
-        assert sock is not None
-        assert self._clients is not None
+    async def _keep_running(
+        self, name: str, fn: Callable[..., Awaitable[None]], *args: Any
+    ) -> None:
+        """Run a service task; if it raises, log it (rate-limited) and run it again.
+
+        It ends when ``fn`` returns (its job is over) or when cancelled.
+        """
         while True:
             try:
-                conn, _ = await sock.accept()
-            except (OSError, trio.ClosedResourceError) as exc:
-                if sock.fileno() == -1 or isinstance(exc, trio.ClosedResourceError):
-                    return
-                if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS):
-                    log.error("accept: %s; backing off", exc)
-                    await trio.sleep(0.1)
-                    continue
+                await fn(*args)
                 return
-            self._clients.start_soon(self._serve_client, trio.SocketStream(conn))
+            except Exception as exc:
+                exhausted = isinstance(exc, OSError) and is_exhaustion(exc)
+                self.rl.error(
+                    ("service", name, type(exc).__name__, str(exc)),
+                    "%s failed: %s; starting it again in %gs", name,
+                    exhaustion_text(exc.errno) if isinstance(exc, OSError) and exhausted
+                    else repr(exc),
+                    SERVICE_RESTART_DELAY, exc_info=not exhausted,
+                )
+            await trio.sleep(SERVICE_RESTART_DELAY)
+
+    async def _accept_loop(self, sock: trio.socket.SocketType | None) -> None:
+        """Accept clients until ``sock`` is closed (shutdown, or replaced by a rebind).
+
+        Out of descriptors (or memory), it backs off and goes on; a connection that arrives
+        meanwhile is answered with one ``resource_exhausted`` line. Beyond ``max_clients``
+        connections, a new one gets that line too.
+        """
+        if sock is None or sock.fileno() == -1:
+            return
+        assert self._clients is not None
+        clients = self._clients
+
+        def start(stream: trio.SocketStream) -> None:
+            self.clients_open += 1  # counted here: a burst of accepts cannot overshoot
+            clients.start_soon(self._serve_client, stream)
+
+        await accept_forever(
+            trio.SocketListener(sock), start, rl=self.rl, what="supervisor",
+            shed_line=lambda e: encode(fail(None, exhaustion_error(OSError(e, os.strerror(e))))),
+        )
 
     # periodic -----------------------------------------------------------------------------
     async def _self_check_loop(self) -> None:
@@ -349,12 +404,16 @@ class Supervisor:
         while True:
             await trio.sleep(self.timing.self_check_interval)
             try:
+                # an owner record that cannot be read (EMFILE, EIO…) raises OwnershipUnknown:
+                # logged (rate-limited) and checked again next tick, never "lost"
                 await self.ownership.ensure_current()
+                if last is not None:
+                    self.rl.log(logging.INFO, ("self-check", None),
+                                "self-check: ownership confirmed again")
                 last = None
             except AgentdError as exc:
-                if exc.message != last:
-                    log.error("self-check: %s", exc.message)
-                    last = exc.message
+                self.rl.error(("self-check", exc.message), "self-check: %s", exc.message)
+                last = exc.message
             if self.ownership.revoked.is_set():
                 log.error("generation %s was revoked; exiting (workers keep running)",
                           self.generation)
@@ -450,6 +509,14 @@ class Supervisor:
                 if known_agent is not None and agent is not None and agent != known_agent:
                     raise _agent_mismatch(session_id, known_agent, agent)
                 validate_agent_spec(use_agent)
+                if len(self.sessions) >= self.config.max_sessions:
+                    raise AgentdError(
+                        ErrorCode.RESOURCE_EXHAUSTED,
+                        f"this supervisor already runs the most sessions it may"
+                        f" ({self.config.max_sessions}) — `trio-agentd kill` sessions you no"
+                        " longer need",
+                        {"limit": "max_sessions", "value": self.config.max_sessions},
+                    )
                 self._claim_session(session_id, meta)
                 h = self.ops.new_handle(
                     session_id, use_agent,
@@ -505,6 +572,16 @@ class Supervisor:
         """Serve one client connection. Nothing a client sends or does can escape from here."""
         ms = MessageStream(stream)
         try:
+            if self.clients_open > self.config.max_clients:
+                self.rl.error(("clients", "cap"), "refused a client connection: %d are open"
+                              " (the most is %d)", self.clients_open - 1, self.config.max_clients)
+                with trio.move_on_after(1):
+                    await ms.send(fail(None, AgentdError(
+                        ErrorCode.RESOURCE_EXHAUSTED,
+                        f"the supervisor serves at most {self.config.max_clients} client"
+                        " connections at once — close idle clients and try again",
+                        {"limit": "max_clients", "value": self.config.max_clients})))
+                return
             uid = _peer_uid(stream)
             if uid is not None and uid != os.getuid():
                 await ms.send(fail(None, AgentdError(
@@ -521,9 +598,14 @@ class Supervisor:
                 requests.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
-        except Exception:
-            log.exception("client connection failed")
+        except Exception as exc:
+            if is_exhaustion(exc):
+                self.rl.error(("client", type(exc).__name__, getattr(exc, "errno", None)),
+                              "client connection failed: %s", exc)
+            else:
+                log.exception("client connection failed")
         finally:
+            self.clients_open -= 1
             await ms.aclose()
 
     async def _read_requests(
@@ -578,6 +660,16 @@ class Supervisor:
             response = ok(req.id, result)
         except AgentdError as exc:
             response = fail(req.id, exc)
+        except OSError as exc:
+            if not is_exhaustion(exc):
+                log.exception("internal error in %s", req.op)
+                response = fail(req.id, AgentdError(ErrorCode.INTERNAL, f"internal error: {exc}"))
+            else:
+                # out of descriptors (or memory) opening a file for this request: its error,
+                # one line in the log per cause and interval, no traceback
+                err = exhaustion_error(exc)
+                self.rl.error(("op", exc.errno), "%s: %s", req.op, err.message)
+                response = fail(req.id, err)
         except Exception as exc:
             log.exception("internal error in %s", req.op)
             response = fail(req.id, AgentdError(ErrorCode.INTERNAL, f"internal error: {exc}"))
@@ -604,7 +696,7 @@ class Supervisor:
                     _str_arg(args, "session"), _opt_str(args, "agent"), _opt_str(args, "cwd"),
                     create=True, env=_opt_env(args),
                 )
-                await h.wait_ready()
+                await self._wait_ready(h)
                 return h.summary()
             case "prompt":
                 return await self._prompt(ms, req)
@@ -663,7 +755,7 @@ class Supervisor:
             _opt_str(args, "cwd"), create=True, env=_opt_env(args),
         )
         h.touch()
-        await h.wait_ready()
+        await self._wait_ready(h)
         if h.token is None or h.pid is None:
             raise AgentdError(ErrorCode.WORKER_UNAVAILABLE,
                               f"session {h.session_id} has no worker to route to")
@@ -698,6 +790,35 @@ class Supervisor:
                 for h in list(self.sessions.values()):
                     nursery.start_soon(ask, h)
 
+    def _rearm_if_exhausted(self, h: WorkerHandle) -> None:
+        """A session that failed only because its worker could not be started for want of
+        resources (descriptors, processes, memory) is started again by the next command:
+        that failure was the command's, not the session's."""
+        if h.mode.value is Mode.FAILED and self.ops.exhausted.get(h.session_id) is not None:
+            log.info("session %s: trying to start it again (its last start ran out of"
+                     " resources)", h.session_id)
+            h.retry()
+
+    def _exhausted_instead(self, h: WorkerHandle, exc: AgentdError) -> AgentdError:
+        """``resource_exhausted`` (naming the limit) for a session whose worker could not be
+        started for want of resources; ``exc`` otherwise."""
+        if exc.code == ErrorCode.WORKER_UNAVAILABLE:
+            why = self.ops.exhausted.get(h.session_id)
+            if why is not None:
+                return AgentdError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"{why.message} (the next command tries again)",
+                    why.details,
+                )
+        return exc
+
+    async def _wait_ready(self, h: WorkerHandle) -> None:
+        self._rearm_if_exhausted(h)
+        try:
+            await h.wait_ready()
+        except AgentdError as exc:
+            raise self._exhausted_instead(h, exc) from None
+
     def _known(self, session_id: str) -> WorkerHandle:
         h = self.sessions.get(session_id)
         if h is None:
@@ -722,14 +843,19 @@ class Supervisor:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await ms.send(EventMsg(id=req.id, event=event))
 
-        response = await h.call(
-            "prompt",
-            # the worker decides what to stream: everything if asked, else only an answer too
-            # big to come whole
-            {"text": text, "command_id": req.id, "stream": args.get("stream", True) is not False},
-            client_id=req.client_id,
-            on_event=relay,
-        )
+        self._rearm_if_exhausted(h)
+        try:
+            response = await h.call(
+                "prompt",
+                # the worker decides what to stream: everything if asked, else only an answer
+                # too big to come whole
+                {"text": text, "command_id": req.id,
+                 "stream": args.get("stream", True) is not False},
+                client_id=req.client_id,
+                on_event=relay,
+            )
+        except AgentdError as exc:
+            raise self._exhausted_instead(h, exc) from None
         if not response.ok:
             from ._protocol import error_of
 

@@ -1242,9 +1242,23 @@ async def run_worker(
                     core.stop_requested.set()
 
             async def accept() -> None:
+                # out of descriptors (or memory): back off and go on, as trio.serve_listeners
+                # does; anything else is logged and the loop starts again (never a silent stop)
+                from ._exhaustion import RateLimitedLog, accept_forever
+                from .timing import LOG_RATE_INTERVAL, SERVICE_RESTART_DELAY
+
+                rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
                 while True:
-                    stream = await listener.accept()
-                    nursery.start_soon(core.serve_connection, stream)
+                    try:
+                        await accept_forever(
+                            listener, lambda s: nursery.start_soon(core.serve_connection, s),
+                            rl=rl, what="worker",
+                        )
+                        return
+                    except OSError as exc:
+                        rl.error(("accept", exc.errno), "worker: accept failed: %s; starting"
+                                 " again in %gs", exc, SERVICE_RESTART_DELAY)
+                    await trio.sleep(SERVICE_RESTART_DELAY)
 
             nursery.start_soon(on_signal)
             nursery.start_soon(accept)
@@ -1267,6 +1281,9 @@ def main() -> None:
         stream=sys.stderr,
         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s",
     )
+    from ._exhaustion import raise_nofile_limit
+
+    raise_nofile_limit(log)  # soft to hard: a busy worker has the descriptors it may have
     config_line = sys.stdin.readline()
     if not config_line:
         sys.exit("trio-agentd worker: no config on stdin (workers are started by the supervisor)")

@@ -626,7 +626,10 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
     ensure_dir(layout.state_dir)
     _setup_logging(layout, verbose=args.verbose)
     log = logging.getLogger("trio_agentd.supervisor")
+    from ._exhaustion import raise_nofile_limit
     from .timing import timing_from_env
+
+    raise_nofile_limit(log)  # soft to hard: idle clients and workers each hold descriptors
 
     try:
         timing = timing_from_env()

@@ -153,3 +153,22 @@ def _seconds_ok(value: object, floor: float) -> bool:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# --- resource exhaustion and caps ------------------------------------------------------------
+# Not part of ``Timing`` (no TRIO_AGENTD_TIMING override): fixed, documented defaults.
+
+# accept() failing for lack of resources (EMFILE, ENFILE, ENOMEM, ENOBUFS) is tried again after
+# this pause, as trio.serve_listeners does (its SLEEP_TIME)
+ACCEPT_BACKOFF = 0.1
+# a repeated cause (the same error again and again) is logged at most once per this interval,
+# with a count of the lines suppressed since the last one
+LOG_RATE_INTERVAL = 10.0
+# a service task (accept loop, self-check, idle sweep, signals) that raised something
+# unexpected is logged and started again after this pause
+SERVICE_RESTART_DELAY = 0.5
+# the most client connections a supervisor serves at once: one more is answered with one
+# ``resource_exhausted`` line and closed
+MAX_CLIENT_CONNECTIONS = 1024
+# the most sessions a supervisor runs: creating one more fails with ``resource_exhausted``
+MAX_SESSIONS = 1000
