@@ -148,7 +148,7 @@ class WorkerHandle:
         self.retired = trio.Event()  # killed and forgotten: commands look the session up again
         self._changed: AsyncValue[int] = AsyncValue(0)  # bumped on every state change
         self._prompts = 0  # prompts through this supervisor in flight (running or queued)
-        self._persisted: tuple[Mode, StopReason] | None = None
+        self._persisted = (Mode.STOPPED, StopReason.NONE)  # what the descriptor says
         self._retry_pending = False
         self._readers: trio.Nursery | None = None
         self._persist_failed = False  # the last descriptor write failed
@@ -469,10 +469,11 @@ class WorkerHandle:
                 # worker's socket closes a moment before it becomes a zombie)
                 return LinkLost(alive=self.ops.alive(self))
             case Stop(graceful=graceful):
-                if self.state.stop_reason is StopReason.EVICT and self.link is not None:
-                    if await self._busy_declines_eviction(self.link):
-                        self._note("eviction declined: a turn is running or queued")
-                        return StopDeclined()
+                link = self.link
+                evict = self.state.stop_reason is StopReason.EVICT and link is not None
+                if evict and link is not None and await self._busy_declines_eviction(link):
+                    self._note("eviction declined: a turn is running or queued")
+                    return StopDeclined()
                 return await self._stop(graceful=graceful)
             case Spawn(timeout=timeout):
                 self._note("spawn")

@@ -199,10 +199,8 @@ class ProcessWorkerOps:
         shutdown): written before the worker is told, so a successor finishes it. Once
         stopped the reason stays (``evict``: the session is evicted)."""
         L = self.layout
-        life = lifecycle or h.mode.value
         reason = h.stop_reason
-        if reason is not StopReason.NONE and life not in (Mode.STOPPED, Mode.FAILED):
-            life = Mode.STOPPING
+        life = descriptor_lifecycle(lifecycle or h.mode.value, reason)
         return {
             "version": DESCRIPTOR_VERSION,
             "session": h.session_id,
@@ -299,6 +297,14 @@ class ProcessWorkerOps:
         h.env = env
         h.turns = Transcript(self.layout.session_dir(session_id)).turns
         return h
+
+
+def descriptor_lifecycle(mode: Mode, stop_reason: StopReason) -> Mode:
+    """The lifecycle a descriptor records: ``stopping`` while an operator's stop is wanted
+    (whatever the mode the handle is in until its supervise task acts on it)."""
+    if stop_reason is not StopReason.NONE and mode not in (Mode.STOPPED, Mode.FAILED):
+        return Mode.STOPPING
+    return mode
 
 
 def _now() -> str:

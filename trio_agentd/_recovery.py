@@ -309,8 +309,10 @@ def decide(
             if state.mode is Mode.STOPPED or (state.mode is Mode.FAILED and not state.unconfirmed):
                 if reason is StopReason.EVICT:
                     return state, _current_action(state)  # nothing runs: nothing to evict
+                # (nothing to stop; a kill still marks it: it is forgotten, never restarted)
+                kept = reason if reason is StopReason.KILL else state.stop_reason
                 return replace(state, mode=Mode.STOPPED, stop_wanted=False, failure="",
-                               stop_reason=reason), Idle()
+                               stop_reason=kept), Idle()
             if state.stop_wanted and state.stop_reason is StopReason.KILL:
                 reason = StopReason.KILL  # a kill is never weakened by a later stop
             return _stop(replace(state, stop_wanted=True, graceful=graceful, stop_reason=reason),
