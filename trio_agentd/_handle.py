@@ -57,6 +57,7 @@ from ._recovery import (
     TimerFired,
     Wait,
     decide,
+    descriptor_lifecycle,
 )
 from ._session import now_iso
 from ._workerlink import EventSink, WorkerDropped, WorkerLink
@@ -386,7 +387,8 @@ class WorkerHandle:
         if self.mode.value is not state.mode:
             self._note(f"mode {state.mode}")
             self.mode.value = state.mode
-        if self._persisted != (state.mode, self.stop_reason):
+        if self._persisted != (descriptor_lifecycle(state.mode, self.stop_reason),
+                               self.stop_reason):
             self._persist()
         self._changed.value += 1
 
@@ -394,7 +396,8 @@ class WorkerHandle:
         """Write the descriptor (adoption by the next supervisor reads it). A write that fails
         (no space) is logged and retried in the background, bounded by
         ``storage_retry_delays``; each retry writes the state of that moment."""
-        self._persisted = (self.mode.value, self.stop_reason)
+        self._persisted = (descriptor_lifecycle(self.mode.value, self.stop_reason),
+                           self.stop_reason)
         try:
             self.ops.persist(self)
         except OSError as exc:
@@ -544,7 +547,8 @@ class WorkerHandle:
                 )
                 result = response.result if response.ok else None
                 if isinstance(result, dict) and result.get("stopping") is False:
-                    self.busy = bool(result.get("busy", True))
+                    # activity now: the next sweep asks again no sooner than idle_eviction
+                    # (``busy`` stays the notices' to set: a lost notice never pins it)
                     self.last_prompt = trio.current_time()
                     return True
         return False

@@ -26,7 +26,7 @@ from ._errors import AgentdError, ErrorCode
 from ._handle import WorkerHandle
 from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
 from ._paths import Layout
-from ._recovery import Mode, StopReason
+from ._recovery import Mode, StopReason, descriptor_lifecycle
 from ._registry import Ownership
 from ._session import Transcript, read_meta, write_meta
 from ._trust import (
@@ -297,14 +297,6 @@ class ProcessWorkerOps:
         h.env = env
         h.turns = Transcript(self.layout.session_dir(session_id)).turns
         return h
-
-
-def descriptor_lifecycle(mode: Mode, stop_reason: StopReason) -> Mode:
-    """The lifecycle a descriptor records: ``stopping`` while an operator's stop is wanted
-    (whatever the mode the handle is in until its supervise task acts on it)."""
-    if stop_reason is not StopReason.NONE and mode not in (Mode.STOPPED, Mode.FAILED):
-        return Mode.STOPPING
-    return mode
 
 
 def _now() -> str:

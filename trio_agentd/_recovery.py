@@ -295,6 +295,9 @@ def decide(
             if state.mode is Mode.STOPPING and state.stop_reason is StopReason.EVICT:
                 return replace(state, mode=Mode.READY, stop_wanted=False,
                                stop_reason=StopReason.NONE, deferred=Pending.NONE), Serve()
+            if state.stop_wanted:
+                # a kill or shutdown arrived while the worker declined the eviction
+                return _stop(state, timing, admission_held, graceful=state.graceful)
             return state, _current_action(state)
         case Retry():
             if state.mode is Mode.FAILED:
@@ -384,6 +387,14 @@ def _respawn(
                 rounds=0, deferred=Pending.NONE, stop_reason=StopReason.NONE),
         Spawn(timing.worker_connect_timeout),
     )
+
+
+def descriptor_lifecycle(mode: Mode, stop_reason: StopReason) -> Mode:
+    """The lifecycle a descriptor records: ``stopping`` while an operator's stop is wanted
+    (whatever the mode the handle is in until its supervise task acts on it)."""
+    if stop_reason is not StopReason.NONE and mode not in (Mode.STOPPED, Mode.FAILED):
+        return Mode.STOPPING
+    return mode
 
 
 def idle_victims(
