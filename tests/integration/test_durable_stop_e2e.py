@@ -160,12 +160,13 @@ def test_a_long_turn_is_not_evicted_even_by_a_supervisor_that_adopted_it_mid_tur
     with daemon_env(extra_env={"TRIO_AGENTD_TIMING": timing}) as env:
         started = env.root / "started"
         p = env.popen("-p", "-s", "long", "--agent", "shell",
-                      f"touch {started}; sleep 3; echo done")
+                      f"touch {started}; sleep 5; echo done")
         wait_for(started.exists, timeout=30, what="the turn to start")
         worker = int(_descriptor(env, "long")["pid"])  # type: ignore[index]
-        # a new supervisor adopts the worker mid-turn (it missed the turn's start)
+        # a new supervisor adopts the worker mid-turn (it missed the turn's start); started by
+        # another session's prompt (`sessions` would ask the worker whether it is busy)
         _kill9_supervisor(env)
-        assert env.run("sessions", "--json", timeout=DEADLINE).returncode == 0
+        assert env.prompt("hi", session="other") == "[echo turn 1] hi"
         out, err = p.communicate(timeout=30)
         assert (p.returncode, out) == (0, "done\n"), err
         assert _alive(worker, env)
@@ -175,4 +176,4 @@ def test_a_long_turn_is_not_evicted_even_by_a_supervisor_that_adopted_it_mid_tur
                  timeout=DEADLINE, what="the idle sweep to evict it after its turn")
         wait_for(lambda: not _alive(worker, env), timeout=DEADLINE, what="the worker to exit")
         rows = json.loads(env.run("sessions", "--json").stdout)
-        assert [(r["session"], r["state"]) for r in rows] == [("long", "evicted")]
+        assert {r["session"]: r["state"] for r in rows}["long"] == "evicted"
