@@ -22,6 +22,8 @@ class ErrorCode(StrEnum):
     WORKER_UNAVAILABLE = "worker_unavailable"
     COMMAND_INTERRUPTED = "command_interrupted"
     COMMAND_CANCELLED = "command_cancelled"
+    # `trio-agentd kill SESSION` ended the prompt's turn (or the prompt queued behind it)
+    SESSION_KILLED = "session_killed"
     # a durable write (journal append or flush) failed: ENOSPC, EDQUOT, EFBIG, EIO
     STORAGE_ERROR = "storage_error"
     FRAME_TOO_LARGE = "frame_too_large"

@@ -8,6 +8,13 @@ timeout is a cancel scope here, so the whole schedule runs on MockClock with fak
 Commands (``call``) wait until the session is ready, then send over the current link; if the
 link drops mid-command the same command id is resent over the next link, and the worker's
 journal answers it without running it twice.
+
+Stops (kill, eviction, shutdown) are durable intents: ``request_stop`` writes the descriptor
+(lifecycle ``stopping`` and the reason, atomically and fsynced) before the supervise task tells
+or signals the worker. A command that arrives while the session is stopping waits for the stop
+and is then served as if it came after it: an evicted or shut-down session starts a fresh
+worker; a killed session is retired (:class:`SessionRetired`), and the supervisor creates the
+session anew for it.
 """
 
 from __future__ import annotations
@@ -43,17 +50,28 @@ from ._recovery import (
     SpawnFailed,
     Start,
     Stop,
+    StopDeclined,
     Stopped,
+    StopReason,
     StopRequested,
     TimerFired,
     Wait,
     decide,
+    descriptor_lifecycle,
 )
 from ._session import now_iso
 from ._workerlink import EventSink, WorkerDropped, WorkerLink
 from .timing import Timing
 
 log = logging.getLogger("trio_agentd.supervisor")
+
+
+class SessionRetired(AgentdError):
+    """The session was killed while a command waited for it: its handle is gone for good. The
+    supervisor looks the session up again (creating it anew) and serves the command there."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(ErrorCode.UNKNOWN_SESSION, f"session {session_id!r} was killed")
 
 
 class WorkerOps(Protocol):
@@ -125,6 +143,13 @@ class WorkerHandle:
         self._stop_event = trio.Event()
         self._stop_request: StopRequested | None = None
         self._stop_done: trio.Event | None = None
+        # an operator's stop the descriptor recorded (lifecycle stopping, or stopped after an
+        # eviction or a kill): the supervise task starts by finishing it
+        self.loaded_stop_reason = StopReason.NONE
+        self.retired = trio.Event()  # killed and forgotten: commands look the session up again
+        self._changed: AsyncValue[int] = AsyncValue(0)  # bumped on every state change
+        self._prompts = 0  # prompts through this supervisor in flight (running or queued)
+        self._persisted = (Mode.STOPPED, StopReason.NONE)  # what the descriptor says
         self._retry_pending = False
         self._readers: trio.Nursery | None = None
         self._persist_failed = False  # the last descriptor write failed
@@ -150,9 +175,22 @@ class WorkerHandle:
             "idle_s": round(self.idle_for(trio.current_time()), 3),
         }
 
+    @property
+    def stop_reason(self) -> StopReason:
+        """The operator's stop asked for or done: a pending request's, else the planner's."""
+        req = self._stop_request
+        if req is not None and self.state.stop_reason is not StopReason.KILL:
+            return req.reason
+        return self.state.stop_reason
+
+    @property
+    def stopping(self) -> bool:
+        """An operator's stop is asked for and not yet done."""
+        return self._stop_request is not None or self.state.stop_wanted
+
     def idle_for(self, now: float) -> float:
-        if self.busy:
-            return 0.0  # a session in the middle of a turn is never idle
+        if self.busy or self._prompts:
+            return 0.0  # a session with a turn running or queued is never idle
         since = self.last_prompt if self.last_prompt is not None else self.supervised_since
         return max(0.0, now - since)
 
@@ -161,14 +199,42 @@ class WorkerHandle:
         self.last_prompt = trio.current_time()
         self.evicted = False
 
-    def request_stop(self, *, graceful: bool = True) -> trio.Event:
+    def request_stop(
+        self, *, graceful: bool = True, reason: StopReason = StopReason.SHUTDOWN
+    ) -> trio.Event:
         """Ask the supervise task to stop the worker; the event is set once it has been
-        handled (mode STOPPED, or FAILED if the worker survived SIGKILL)."""
-        self._stop_request = StopRequested(graceful=graceful)
-        self._stop_event.set()
+        handled (mode STOPPED, or FAILED if the worker survived SIGKILL, or READY again if
+        the worker declined an eviction).
+
+        The intent is durable before anything acts on it: when a worker may run, the
+        descriptor (lifecycle ``stopping``, ``stop_reason``) is written here, atomically and
+        fsynced; a supervisor that dies now leaves its successor to finish the stop. A write
+        that fails (no space) is logged and retried in the background; the stop goes on.
+        """
+        if self._stop_request is not None and self._stop_request.reason is StopReason.KILL:
+            reason = StopReason.KILL  # a kill is never weakened by a later stop
+        self._stop_request = StopRequested(graceful=graceful, reason=reason)
         if self._stop_done is None:
             self._stop_done = trio.Event()
+        if self.mode.value is not Mode.STOPPED and not (
+            self.mode.value is Mode.FAILED and not self.state.unconfirmed
+        ):
+            self._persist()  # written before the supervise task can act on it
+        self._stop_event.set()
+        self._changed.value += 1
         return self._stop_done
+
+    async def wait_stop_handled(self) -> None:
+        """Return once no operator's stop is pending: it is done (STOPPED, or FAILED if the
+        worker survived SIGKILL) or was declined (an eviction of a busy worker)."""
+        while self.stopping or self.mode.value is Mode.STOPPING:
+            await self._changed.wait_transition()
+
+    def retire(self) -> None:
+        """The session was killed and forgotten: commands waiting on this handle look the
+        session up again."""
+        self.retired.set()
+        self._changed.value += 1
 
     def retry(self) -> None:
         """Re-arm a FAILED session (``trio-agentd retry``); a prompt right after waits for it."""
@@ -194,14 +260,21 @@ class WorkerHandle:
         returns its result.
         """
         last: Exception | None = None
-        for _attempt in range(4):
-            link = await self.wait_ready()
-            try:
-                return await link.call(op, args, client_id=client_id, on_event=on_event)
-            except WorkerDropped as exc:
-                last = exc
-                # the supervise task sees the drop and recovers; wait for the next link
-                await link.closed.wait()
+        prompt = op == "prompt"
+        self._prompts += prompt  # running or queued: not idle (idle counts from its end)
+        try:
+            for _attempt in range(4):
+                link = await self.wait_ready()
+                try:
+                    return await link.call(op, args, client_id=client_id, on_event=on_event)
+                except WorkerDropped as exc:
+                    last = exc
+                    # the supervise task sees the drop and recovers; wait for the next link
+                    await link.closed.wait()
+        finally:
+            self._prompts -= prompt
+            if prompt:
+                self.last_prompt = trio.current_time()
         raise AgentdError(
             ErrorCode.WORKER_UNAVAILABLE,
             f"session {self.session_id}: worker connection kept dropping ({last})",
@@ -210,26 +283,35 @@ class WorkerHandle:
     async def wait_ready(self) -> WorkerLink:
         """The current link once the session is ready (starting a stopped session).
 
+        A session that is stopping is waited for, then served as if the command came after
+        the stop: a stopped (evicted, shut-down) session starts a fresh worker; a killed one
+        raises :class:`SessionRetired` for the supervisor to create the session anew.
+
         Raises:
+            SessionRetired: the session was killed (its handle is forgotten).
             AgentdError: ``worker_unavailable`` if it failed or is not ready in time.
         """
-        if self.mode.value is Mode.STOPPED:
-            self._demand.set()
         with trio.move_on_after(self.timing.worker_connect_timeout):
-            await self.wait_retried()
-            await self.mode.wait_value(lambda m: m in (Mode.READY, Mode.FAILED))
-            link = self.link
-            if self.mode.value is Mode.READY and link is not None and not link.closed.is_set():
-                return link
-            if self.mode.value is Mode.FAILED:
-                raise AgentdError(
-                    ErrorCode.WORKER_UNAVAILABLE,
-                    f"session {self.session_id} failed ({self.state.failure or 'see its log'})"
-                    f" — run `trio-agentd retry {self.session_id}`",
-                )
-            # ready but the link just dropped: wait for the recovery to move on
-            await self.mode.wait_value(lambda m: m is not Mode.READY)
-            return await self.wait_ready()
+            while True:
+                if self.retired.is_set():
+                    raise SessionRetired(self.session_id)
+                await self.wait_retried()
+                mode, link = self.mode.value, self.link
+                if not self.stopping:
+                    if mode is Mode.READY and link is not None and not link.closed.is_set():
+                        return link
+                    if mode is Mode.FAILED:
+                        raise AgentdError(
+                            ErrorCode.WORKER_UNAVAILABLE,
+                            f"session {self.session_id} failed"
+                            f" ({self.state.failure or 'see its log'})"
+                            f" — run `trio-agentd retry {self.session_id}`",
+                        )
+                    if mode is Mode.STOPPED and self.state.stop_reason is not StopReason.KILL:
+                        self._demand.set()
+                # not yet: stopping, starting, recovering, killed and about to be retired, or
+                # ready with a link that just dropped (the recovery moves on)
+                await self._changed.wait_transition()
         raise AgentdError(
             ErrorCode.WORKER_UNAVAILABLE,
             f"session {self.session_id} is {self.mode.value}: its worker did not become ready"
@@ -247,10 +329,14 @@ class WorkerHandle:
         and the worker keeps running.
         """
         self.supervised_since = trio.current_time()
+        if self.loaded_stop_reason is not StopReason.NONE and self._stop_done is None:
+            self._stop_done = trio.Event()  # finishing a predecessor's stop
         with self.cancel_scope:
             state, action = decide(
-                self.state, Start(alive=alive, wanted=wanted, failed=failed), trio.current_time(),
-                self.timing, admission_held=self.ops.admission_held(),
+                self.state,
+                Start(alive=alive, wanted=wanted, failed=failed,
+                      stop_reason=self.loaded_stop_reason),
+                trio.current_time(), self.timing, admission_held=self.ops.admission_held(),
             )
             task_status.started()
             try:
@@ -263,7 +349,10 @@ class WorkerHandle:
                             # a stop arrived during an action that could not be interrupted:
                             # the planner honours it after this outcome, never respawning
                             req = self._take_stop()
-                            state = replace(state, stop_wanted=True, graceful=req.graceful)
+                            reason = (StopReason.KILL if state.stop_reason is StopReason.KILL
+                                      else req.reason)
+                            state = replace(state, stop_wanted=True, graceful=req.graceful,
+                                            stop_reason=reason)
                         state, action = decide(
                             state, obs, trio.current_time(), self.timing,
                             admission_held=self.ops.admission_held(),
@@ -285,7 +374,7 @@ class WorkerHandle:
             self._stop_done is not None
             and self._stop_request is None
             and not state.stop_wanted
-            and state.mode in (Mode.STOPPED, Mode.FAILED)
+            and state.mode is not Mode.STOPPING  # stopped, failed, or an eviction declined
         ):
             self._stop_done.set()
             self._stop_done = None
@@ -293,15 +382,22 @@ class WorkerHandle:
             self._retry_pending = False
         if state.mode is Mode.READY and self._demand.is_set():
             self._demand = trio.Event()  # a demand is satisfied by readiness: never stale
+        if state.mode is Mode.STOPPED and state.stop_reason is StopReason.EVICT:
+            self.evicted = True
         if self.mode.value is not state.mode:
             self._note(f"mode {state.mode}")
             self.mode.value = state.mode
+        if self._persisted != (descriptor_lifecycle(state.mode, self.stop_reason),
+                               self.stop_reason):
             self._persist()
+        self._changed.value += 1
 
     def _persist(self) -> None:
         """Write the descriptor (adoption by the next supervisor reads it). A write that fails
         (no space) is logged and retried in the background, bounded by
         ``storage_retry_delays``; each retry writes the state of that moment."""
+        self._persisted = (descriptor_lifecycle(self.mode.value, self.stop_reason),
+                           self.stop_reason)
         try:
             self.ops.persist(self)
         except OSError as exc:
@@ -376,6 +472,11 @@ class WorkerHandle:
                 # worker's socket closes a moment before it becomes a zombie)
                 return LinkLost(alive=self.ops.alive(self))
             case Stop(graceful=graceful):
+                link = self.link
+                evict = self.state.stop_reason is StopReason.EVICT and link is not None
+                if evict and link is not None and await self._busy_declines_eviction(link):
+                    self._note("eviction declined: a turn is running or queued")
+                    return StopDeclined()
                 return await self._stop(graceful=graceful)
             case Spawn(timeout=timeout):
                 self._note("spawn")
@@ -434,10 +535,30 @@ class WorkerHandle:
         self.last_prompt = trio.current_time()  # idle counts from the end of the last turn
         self.evicted = False
 
+    async def _busy_declines_eviction(self, link: WorkerLink) -> bool:
+        """Ask the worker to stop only if no turn is running or queued (one request: the
+        worker decides, so a prompt that just reached it on a direct route is never cut).
+        ``True``: it declined and keeps serving."""
+        with trio.move_on_after(self.timing.status_timeout):
+            with contextlib.suppress(WorkerDropped, AgentdError):
+                response = await link.call(
+                    "stop", {"reason": str(StopReason.EVICT), "if_idle": True},
+                    client_id="supervisor",
+                )
+                result = response.result if response.ok else None
+                if isinstance(result, dict) and result.get("stopping") is False:
+                    # activity now: the next sweep asks again no sooner than idle_eviction
+                    # (``busy`` stays the notices' to set: a lost notice never pins it)
+                    self.last_prompt = trio.current_time()
+                    return True
+        return False
+
     async def _graceful_stop(self, link: WorkerLink) -> None:
         with trio.move_on_after(self.timing.stop_grace):
             with contextlib.suppress(WorkerDropped, AgentdError):
-                await link.call("stop", {}, client_id="supervisor")
+                # a kill: the worker ends its turns at once, each answered session_killed
+                await link.call("stop", {"reason": str(self.state.stop_reason)},
+                                client_id="supervisor")
             await self.ops.wait_exit(self)
 
     async def _stop(self, *, graceful: bool) -> Stopped:

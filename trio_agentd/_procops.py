@@ -28,7 +28,7 @@ from ._exhaustion import RateLimitedLog, exhaustion_error, is_exhaustion
 from ._handle import WorkerHandle
 from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
 from ._paths import Layout
-from ._recovery import Mode
+from ._recovery import Mode, StopReason, descriptor_lifecycle
 from ._registry import Ownership
 from ._session import Transcript, read_meta, write_meta
 from ._trust import (
@@ -266,7 +266,13 @@ class ProcessWorkerOps:
 
     # descriptors ------------------------------------------------------------------------------
     def descriptor(self, h: WorkerHandle, lifecycle: Mode | None = None) -> dict[str, Any]:
+        """The descriptor's content. An operator's stop asked for and not done makes the
+        lifecycle ``stopping`` whatever the handle's mode, with ``stop_reason`` (kill, evict,
+        shutdown): written before the worker is told, so a successor finishes it. Once
+        stopped the reason stays (``evict``: the session is evicted)."""
         L = self.layout
+        reason = h.stop_reason
+        life = descriptor_lifecycle(lifecycle or h.mode.value, reason)
         return {
             "version": DESCRIPTOR_VERSION,
             "session": h.session_id,
@@ -283,13 +289,19 @@ class ProcessWorkerOps:
                 "env": {},
             },
             "journal": str(L.journal_path(h.session_id)),
-            "lifecycle": str(lifecycle or h.mode.value),
+            "lifecycle": str(life),
+            "stop_reason": str(reason),
             "restarts": h.restarts,
             "created_at": h.created_at,
             "updated_at": _now(),
         }
 
     def persist(self, h: WorkerHandle, lifecycle: Mode | None = None) -> None:
+        """Write the descriptor atomically (temp file, fsync, rename, fsync the directory).
+
+        Raises:
+            OSError: it could not be written (the old descriptor stays whole).
+        """
         _fs.atomic_write_json(
             self.layout.descriptor_path(h.session_id), self.descriptor(h, lifecycle)
         )
@@ -301,6 +313,8 @@ class ProcessWorkerOps:
 
     def load(self, path: Path) -> tuple[WorkerHandle, bool, Mode]:
         """A handle from a descriptor file: (handle, its worker is alive, recorded lifecycle).
+
+        A recorded operator's stop (``stop_reason``) is on the handle, ``loaded_stop_reason``.
 
         Raises:
             ValueError: the descriptor is unreadable, foreign or malformed.
@@ -332,12 +346,21 @@ class ProcessWorkerOps:
             restarts = desc.get("restarts", 0)
             h.restarts_loaded = restarts if isinstance(restarts, int) and restarts >= 0 else 0
             lifecycle = Mode(str(desc.get("lifecycle", "stopped")))
+            reason = StopReason(str(desc.get("stop_reason") or ""))
         except (KeyError, TypeError, ValueError, AgentdError) as exc:
             raise ValueError(f"malformed: {exc}") from None
+        if lifecycle in (Mode.STOPPING, Mode.STOPPED):
+            # an operator's stop in progress is finished by the supervise task; a finished one
+            # is kept (evicted; killed and not yet forgotten). A ``stopping`` without a reason
+            # is recovery's own stop: the worker is adopted as before.
+            h.loaded_stop_reason = reason
+            h.evicted = lifecycle is Mode.STOPPED and reason is StopReason.EVICT
         raw = _fs.read_bytes(self.layout.token_path(session_id))
         h.token = raw.decode(errors="replace").strip() if raw else None
         h.turns = Transcript(self.layout.session_dir(session_id)).turns
-        return h, self.alive(h) and h.token is not None, lifecycle
+        # (a stop needs no token: it signals the recorded process, identity-checked)
+        stop = h.loaded_stop_reason is not StopReason.NONE
+        return h, self.alive(h) and (h.token is not None or stop), lifecycle
 
     def new_handle(
         self, session_id: str, agent: str, cwd: str, env: dict[str, str] | None = None

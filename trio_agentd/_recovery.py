@@ -19,6 +19,16 @@ The schedule, when a worker connection drops:
 
 More than ``restart_intensity`` respawns within ``restart_window`` marks the session ``failed``
 until ``retry``. Respawns and stops defer while a shutdown admission is held.
+
+Stops are intents, and intents are durable. An operator's stop carries its
+:class:`StopReason` (``kill``, ``evict``, ``shutdown``); the shell writes it into the
+descriptor (lifecycle ``stopping``) before the worker is told or signalled. A successor that
+loads such a descriptor starts with ``Start(stop_reason=...)``: it finishes the stop (a live
+worker is stopped, identity-checked) and never adopts, respawns or counts it as a crash. A
+``stopping`` descriptor without a reason is recovery's own stop (or an older version's) and is
+adopted as before. A killed session stays stopped whatever asks for it: the supervisor forgets
+it, and a later prompt creates the session anew. An eviction is conditional: a worker with a
+turn running or queued declines it (:class:`StopDeclined`) and the session stays ready.
 """
 
 from __future__ import annotations
@@ -41,6 +51,15 @@ class Mode(enum.StrEnum):
     FAILED = "failed"
 
 
+class StopReason(enum.StrEnum):
+    """Why an operator's stop was asked for; written to the descriptor with ``stopping``."""
+
+    NONE = ""  # no operator's stop (recovery's own stop has none)
+    KILL = "kill"  # `trio-agentd kill SESSION`: the session is forgotten once stopped
+    EVICT = "evict"  # the idle sweep: the session stays, evicted; its next prompt respawns it
+    SHUTDOWN = "shutdown"  # `trio-agentd shutdown` stopping every worker
+
+
 # --- observations ----------------------------------------------------------------------------
 
 
@@ -51,6 +70,8 @@ class Start:
     alive: bool  # a worker process with the recorded identity is running
     wanted: bool  # it should run now (not stopped / evicted / failed)
     failed: bool = False
+    # the descriptor recorded an operator's stop in progress (lifecycle stopping): finish it
+    stop_reason: StopReason = StopReason.NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +124,17 @@ class StopRequested:
     """kill / eviction / shutdown: stop the worker and do not respawn it."""
 
     graceful: bool = True
+    reason: StopReason = StopReason.SHUTDOWN
+
+
+@dataclass(frozen=True, slots=True)
+class StopDeclined:
+    """The worker declined an eviction: a turn is running or queued. It keeps serving."""
 
 
 Observation = (
     Start | Connected | ConnectFailed | LinkLost | TimerFired | Stopped | Spawned | SpawnFailed
-    | Demand | Retry | StopRequested
+    | Demand | Retry | StopRequested | StopDeclined
 )
 
 # --- actions ---------------------------------------------------------------------------------
@@ -170,7 +197,9 @@ class RecoveryState:
     graceful: bool = False
     unconfirmed: bool = False  # a worker survived our SIGKILL: it may still run
     failure: str = ""  # why the session is FAILED, for humans
-
+    # the operator's stop wanted or done (kept once STOPPED: evicted, or killed), until the
+    # session is started again
+    stop_reason: StopReason = StopReason.NONE
 
 
 def decide(
@@ -186,9 +215,16 @@ def decide(
         # a stop arrived while this action ran: honour it before anything else
         return _stop(state, timing, admission_held, graceful=state.graceful)
     match obs:
-        case Start(alive=alive, wanted=wanted, failed=failed):
+        case Start(alive=alive, wanted=wanted, failed=failed, stop_reason=reason):
             if failed:
                 return replace(state, mode=Mode.FAILED), Fail()
+            if reason is not StopReason.NONE:
+                # a predecessor wrote this stop and died before it was done: finish it; the
+                # worker is never adopted, respawned or counted as a crash
+                if alive:
+                    return _stop(replace(state, stop_wanted=True, stop_reason=reason),
+                                 timing, admission_held, graceful=False)
+                return replace(state, mode=Mode.STOPPED, stop_reason=reason), Idle()
             if alive:
                 return replace(state, mode=Mode.ADOPTING), Connect(timing.adopt_connect_timeout)
             if wanted:
@@ -250,8 +286,18 @@ def decide(
                 return replace(state, mode=Mode.STOPPED, stop_wanted=False), Idle()
             return _respawn(state, now, timing, admission_held)
         case Demand():
-            if state.mode is Mode.STOPPED:
+            if state.mode is Mode.STOPPED and state.stop_reason is not StopReason.KILL:
+                # (a killed session is never started again: it is forgotten, and a prompt
+                # for it creates a new one)
                 return _respawn(state, now, timing, admission_held, count=False)
+            return state, _current_action(state)
+        case StopDeclined():
+            if state.mode is Mode.STOPPING and state.stop_reason is StopReason.EVICT:
+                return replace(state, mode=Mode.READY, stop_wanted=False,
+                               stop_reason=StopReason.NONE, deferred=Pending.NONE), Serve()
+            if state.stop_wanted:
+                # a kill or shutdown arrived while the worker declined the eviction
+                return _stop(state, timing, admission_held, graceful=state.graceful)
             return state, _current_action(state)
         case Retry():
             if state.mode is Mode.FAILED:
@@ -262,11 +308,18 @@ def decide(
                 return _respawn(replace(state, respawns=(), failure=""), now, timing,
                                 admission_held, count=False)
             return replace(state, respawns=()), _current_action(state)
-        case StopRequested(graceful=graceful):
+        case StopRequested(graceful=graceful, reason=reason):
             if state.mode is Mode.STOPPED or (state.mode is Mode.FAILED and not state.unconfirmed):
-                return replace(state, mode=Mode.STOPPED, stop_wanted=False, failure=""), Idle()
-            return _stop(replace(state, stop_wanted=True, graceful=graceful), timing,
-                         admission_held, graceful=graceful)
+                if reason is StopReason.EVICT:
+                    return state, _current_action(state)  # nothing runs: nothing to evict
+                # (nothing to stop; a kill still marks it: it is forgotten, never restarted)
+                kept = reason if reason is StopReason.KILL else state.stop_reason
+                return replace(state, mode=Mode.STOPPED, stop_wanted=False, failure="",
+                               stop_reason=kept), Idle()
+            if state.stop_wanted and state.stop_reason is StopReason.KILL:
+                reason = StopReason.KILL  # a kill is never weakened by a later stop
+            return _stop(replace(state, stop_wanted=True, graceful=graceful, stop_reason=reason),
+                         timing, admission_held, graceful=graceful)
 
 
 def _current_action(state: RecoveryState) -> Action:
@@ -331,9 +384,17 @@ def _respawn(
         total += 1
     return (
         replace(state, mode=Mode.STARTING, respawns=recent, restarts_total=total, attempts=0,
-                rounds=0, deferred=Pending.NONE),
+                rounds=0, deferred=Pending.NONE, stop_reason=StopReason.NONE),
         Spawn(timing.worker_connect_timeout),
     )
+
+
+def descriptor_lifecycle(mode: Mode, stop_reason: StopReason) -> Mode:
+    """The lifecycle a descriptor records: ``stopping`` while an operator's stop is wanted
+    (whatever the mode the handle is in until its supervise task acts on it)."""
+    if stop_reason is not StopReason.NONE and mode not in (Mode.STOPPED, Mode.FAILED):
+        return Mode.STOPPING
+    return mode
 
 
 def idle_victims(
@@ -342,7 +403,9 @@ def idle_victims(
     """Sessions whose worker the idle sweep stops: ready and idle for ``idle_eviction``.
 
     ``sessions`` holds ``(session id, mode, idle seconds)``; ``idle_eviction`` 0 turns it off.
-    Only ready workers are evicted: a session in recovery is busy being saved, not idle.
+    Only ready workers are evicted: a session in recovery is busy being saved, not idle. Idle
+    seconds count from the end of the last turn, and are 0 while a turn runs or is queued
+    (:meth:`WorkerHandle.idle_for`); the worker itself declines an eviction that races a turn.
     """
     if idle_eviction <= 0:
         return []

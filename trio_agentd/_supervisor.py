@@ -41,7 +41,7 @@ from ._exhaustion import (
     is_exhaustion,
 )
 from ._grant import make_grant
-from ._handle import WorkerHandle
+from ._handle import SessionRetired, WorkerHandle
 from ._identity import is_alive, own_start_id, peer_credentials
 from ._ownership import Phase
 from ._paths import Layout, check_socket_path
@@ -62,7 +62,7 @@ from ._protocol import (
     request_id_of,
 )
 from ._protocol import Event as EventMsg
-from ._recovery import Mode, idle_victims
+from ._recovery import Mode, StopReason, idle_victims
 from ._registry import Ownership, Registry
 from ._session import check_session_id, read_meta, write_meta
 from ._stream import MessageStream
@@ -445,10 +445,13 @@ class Supervisor:
             )
             for sid in victims:
                 h = self.sessions[sid]
+                if h.stopping:
+                    continue
                 log.info("session %s idle for %.0fs: stopping its worker (evicted)",
                          sid, h.idle_for(now))
-                h.evicted = True
-                h.request_stop(graceful=True)
+                # the worker declines it if a turn runs or waits (a direct route's prompt
+                # may have reached it since its last notice): the session then stays ready
+                h.request_stop(graceful=True, reason=StopReason.EVICT)
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
@@ -478,6 +481,25 @@ class Supervisor:
                 failed=lifecycle is Mode.FAILED and not alive,
             )
         )
+        if h.loaded_stop_reason is StopReason.KILL:
+            # a predecessor died while killing it: finish the kill (stop, then forget)
+            self.service_nursery.start_soon(self._complete_kill, h)
+
+    async def _complete_kill(self, h: WorkerHandle) -> None:
+        """Once a kill's stop is done, forget the session: its descriptor and token go, and
+        commands waiting on it look it up again (a prompt creates the session anew). A worker
+        that survived SIGKILL leaves the session failed, for the operator."""
+        await h.wait_stop_handled()
+        if (
+            h.mode.value is Mode.STOPPED
+            and h.state.stop_reason is StopReason.KILL
+            and self.sessions.get(h.session_id) is h
+        ):
+            del self.sessions[h.session_id]
+            self.ops.forget(h.session_id)
+            h.cancel_scope.cancel()
+            h.retire()
+            log.info("session %s killed", h.session_id)
 
     async def get_session(
         self,
@@ -692,12 +714,14 @@ class Supervisor:
                 return [h.summary() for h in sorted(self.sessions.values(),
                                                      key=lambda h: h.session_id)]
             case "create_session":
-                h = await self.get_session(
-                    _str_arg(args, "session"), _opt_str(args, "agent"), _opt_str(args, "cwd"),
-                    create=True, env=_opt_env(args),
-                )
-                await self._wait_ready(h)
-                return h.summary()
+                while True:
+                    h = await self.get_session(
+                        _str_arg(args, "session"), _opt_str(args, "agent"),
+                        _opt_str(args, "cwd"), create=True, env=_opt_env(args),
+                    )
+                    with contextlib.suppress(SessionRetired):  # killed meanwhile: anew
+                        await self._wait_ready(h)
+                        return h.summary()
             case "prompt":
                 return await self._prompt(ms, req)
             case "route":
@@ -717,17 +741,22 @@ class Supervisor:
             case "kill_session":
                 sid = _str_arg(args, "session")
                 victim = self._known(sid)
-                handled = victim.request_stop(graceful=True)
+                # durable before it acts (the descriptor says stopping: kill); its turn ends
+                # at once with session_killed; then the session is forgotten, even if this
+                # answer gives up waiting — or by the next supervisor if this one dies
+                kill_running = victim.stopping and victim.stop_reason is StopReason.KILL
+                victim.request_stop(graceful=True, reason=StopReason.KILL)
+                if not kill_running:
+                    self.service_nursery.start_soon(self._complete_kill, victim)
                 with trio.move_on_after(
                     2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 1
                 ):
-                    await handled.wait()
-                stopped = victim.mode.value is Mode.STOPPED
-                if stopped:
-                    self.sessions.pop(sid, None)
-                    victim.cancel_scope.cancel()
-                    self.ops.forget(sid)
-                return {"session": sid, "killed": stopped, "state": str(victim.mode.value)}
+                    await victim.wait_stop_handled()
+                    if victim.mode.value is Mode.STOPPED:
+                        await victim.retired.wait()  # forgotten by _complete_kill
+                stopped = victim.retired.is_set()
+                return {"session": sid, "killed": stopped,
+                        "state": "killed" if stopped else str(victim.mode.value)}
             case "retry_session":
                 again = self._known(_str_arg(args, "session"))
                 again.retry()
@@ -750,12 +779,17 @@ class Supervisor:
     async def _route(self, args: dict[str, Any]) -> dict[str, Any]:
         """The data plane's entry: make the session ready (creating or recovering it) and grant
         the client a direct route to its worker."""
-        h = await self.get_session(
-            _opt_str(args, "session") or "default", _opt_str(args, "agent"),
-            _opt_str(args, "cwd"), create=True, env=_opt_env(args),
-        )
-        h.touch()
-        await self._wait_ready(h)
+        while True:
+            h = await self.get_session(
+                _opt_str(args, "session") or "default", _opt_str(args, "agent"),
+                _opt_str(args, "cwd"), create=True, env=_opt_env(args),
+            )
+            h.touch()
+            try:
+                await self._wait_ready(h)  # a stopping session: after its stop, as if then
+                break
+            except SessionRetired:
+                continue  # it was killed: the prompt creates the session anew
         if h.token is None or h.pid is None:
             raise AgentdError(ErrorCode.WORKER_UNAVAILABLE,
                               f"session {h.session_id} has no worker to route to")
@@ -833,29 +867,33 @@ class Supervisor:
         text = args.get("text")
         if not isinstance(text, str):
             raise AgentdError(ErrorCode.BAD_REQUEST, "prompt needs a string 'text'")
-        h = await self.get_session(
-            _opt_str(args, "session") or "default", _opt_str(args, "agent"),
-            _opt_str(args, "cwd"), create=True, env=_opt_env(args),
-        )
-        h.touch()
 
         async def relay(event: dict[str, Any]) -> None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await ms.send(EventMsg(id=req.id, event=event))
 
-        self._rearm_if_exhausted(h)
-        try:
-            response = await h.call(
-                "prompt",
-                # the worker decides what to stream: everything if asked, else only an answer
-                # too big to come whole
-                {"text": text, "command_id": req.id,
-                 "stream": args.get("stream", True) is not False},
-                client_id=req.client_id,
-                on_event=relay,
+        while True:
+            h = await self.get_session(
+                _opt_str(args, "session") or "default", _opt_str(args, "agent"),
+                _opt_str(args, "cwd"), create=True, env=_opt_env(args),
             )
-        except AgentdError as exc:
-            raise self._exhausted_instead(h, exc) from None
+            h.touch()
+            self._rearm_if_exhausted(h)
+            try:
+                response = await h.call(
+                    "prompt",
+                    # the worker decides what to stream: everything if asked, else only an
+                    # answer too big to come whole
+                    {"text": text, "command_id": req.id,
+                     "stream": args.get("stream", True) is not False},
+                    client_id=req.client_id,
+                    on_event=relay,
+                )
+                break
+            except SessionRetired:
+                continue  # killed while it waited to be sent: the session made anew
+            except AgentdError as exc:
+                raise self._exhausted_instead(h, exc) from None
         if not response.ok:
             from ._protocol import error_of
 

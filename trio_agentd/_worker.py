@@ -389,6 +389,7 @@ class _Running:
         self.sent_to = 0  # bytes of the output the current listener has been sent
         self.lock = trio.Lock()  # orders a listener's catch-up with the live chunks
         self.cancel_scope = trio.CancelScope()  # a client's cancel ends the agent's turn
+        self.killed = False  # the session was killed: the turn ends with session_killed
         self.result: Any = None
         self.error: AgentdError | None = None
 
@@ -454,6 +455,9 @@ class WorkerCore:
         self.serving: Fence | None = None
         self._wall_clock = wall_clock
         self.stop_requested = trio.Event()
+        self._killed = False  # stopped by `trio-agentd kill`: turns end at once
+        self._answering = 0  # prompts not yet answered (a stop lets them be answered)
+        self._answered = trio.Event()
         self._turn = trio.Semaphore(1)
         self._running: dict[_journal.Key, _Running] = {}
         self._nursery: trio.Nursery | None = None
@@ -476,10 +480,33 @@ class WorkerCore:
                 nursery.start_soon(self.journal.run_flusher)
             task_status.started()
             await self.stop_requested.wait()
-            # graceful: let an accepted command finish, bounded
+            # graceful: let an accepted command finish (a kill has cut it short), bounded;
+            # then let every prompt be answered (queued ones are turned away at once)
             with trio.move_on_after(self.timing.stop_grace):
                 await self._turn.acquire()
+                while self._answering:
+                    await self._answered.wait()
             nursery.cancel_scope.cancel()
+
+    def busy(self) -> bool:
+        """A turn is running, or a prompt waits for its turn."""
+        return bool(self._running) or self._turn.value == 0 or (
+            self._turn.statistics().tasks_waiting > 0
+        )
+
+    def _stop(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The supervisor's ``stop``: ``if_idle`` (an eviction) is declined while busy; a
+        ``kill`` ends the running turn at once (its client gets ``session_killed``) and
+        turns away the prompts queued behind it the same way."""
+        if args.get("if_idle") and self.busy():
+            return {"stopping": False, "busy": True}
+        if args.get("reason") == "kill" and not self.stop_requested.is_set():
+            self._killed = True
+            for running in self._running.values():
+                running.killed = True
+                running.cancel_scope.cancel()
+        self.stop_requested.set()
+        return {"stopping": True}
 
     def _recover_pending(self) -> None:
         if self.journal is None:
@@ -754,8 +781,7 @@ class WorkerCore:
             case "cancel":
                 await self._cancel(conn, req)
             case "stop":
-                await self._respond(conn, ok(req.id, {"stopping": True}))
-                self.stop_requested.set()
+                await self._respond(conn, ok(req.id, self._stop(req.args)))
             case _:
                 await self._respond(
                     conn, fail(req.id, AgentdError(ErrorCode.UNKNOWN_OP, f"unknown op {req.op!r}"))
@@ -770,6 +796,17 @@ class WorkerCore:
         }
 
     async def _prompt(self, conn: _Conn, req: Request) -> None:
+        self._answering += 1
+        try:
+            await self._prompt_answered(conn, req)
+        finally:
+            self._answering -= 1
+            if not self._answering:
+                self._answered.set()
+                self._answered = trio.Event()
+
+    async def _prompt_answered(self, conn: _Conn, req: Request) -> None:
+        before_stop = not self.stop_requested.is_set()
         # the journal key is the client's (client_id, command id); req.id is per link
         command_id = req.args.get("command_id", req.id)
         if not isinstance(command_id, (str, int)):
@@ -802,6 +839,18 @@ class WorkerCore:
                     conn.scope.cancel()
                 else:
                     await self._drop(conn, "supervisor claim no longer valid")
+                return
+            if self.stop_requested.is_set():
+                # stopping: nothing new starts. A prompt queued behind a killed turn ends
+                # with it; any other goes back to the supervisor, which serves it after the
+                # stop (a fresh worker, or the session made anew after a kill)
+                self._turn.release()
+                if self._killed and before_stop:
+                    error = session_killed_error(self.session_id)
+                else:
+                    error = AgentdError(ErrorCode.WORKER_UNAVAILABLE,
+                                        f"session {self.session_id}: its worker is stopping")
+                await self._respond(conn, fail(req.id, error))
                 return
             # a resend queued behind the original: the original may have finished meanwhile
             if self._done_result(k) is not None:
@@ -1032,6 +1081,13 @@ class WorkerCore:
                 async with _closing(turn_chunks):
                     async for chunk in turn_chunks:
                         await self._relay(running, chunk)
+            if running.cancel_scope.cancelled_caught and running.killed:
+                output.close()
+                log.info("turn %s ended: the session was killed", turn)
+                running.error = session_killed_error(self.session_id, turn)
+                if journal is None:
+                    self._memory_cancelled.add(k)
+                return self._outcome(running, _journal.interrupted(k[0], k[1], cancelled=True))
             if running.cancel_scope.cancelled_caught:
                 output.close()
                 log.info("turn %s cancelled by its client", turn)
@@ -1132,6 +1188,16 @@ def _registry_watcher(registry: Path, *, poll: bool) -> Any:
         return None
     watcher.watch(registry)
     return watcher
+
+
+def session_killed_error(session_id: str, turn: int | None = None) -> AgentdError:
+    """A prompt cut short by `trio-agentd kill`: one line, its own code."""
+    what = f"turn {turn}" if turn is not None else "the prompt"
+    return AgentdError(
+        ErrorCode.SESSION_KILLED,
+        f"session {session_id} was killed; {what} was stopped (what it did before stays done)",
+        {"session": session_id, **({"turn": turn} if turn is not None else {})},
+    )
 
 
 def interrupted_error(k: _journal.Key, *, started: bool = True) -> AgentdError:
