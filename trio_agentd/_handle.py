@@ -8,11 +8,17 @@ timeout is a cancel scope here, so the whole schedule runs on MockClock with fak
 Commands (``call``) wait until the session is ready, then send over the current link; if the
 link drops mid-command the same command id is resent over the next link, and the worker's
 journal answers it without running it twice.
+
+Every link is pinged (:meth:`WorkerLink.watch_liveness`): a worker that answers nothing for
+``link_ping_interval + link_ping_timeout`` loses its link and is recovered like one that cannot
+be reached (``LinkLost(alive=True)``: reconnects, deferred rounds, stop and respawn); a command
+waiting on it fails ``worker_unresponsive`` instead of waiting for ever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -118,6 +124,8 @@ class WorkerHandle:
         self.supervised_since = 0.0
         self.evicted = False
         self.link: WorkerLink | None = None
+        # set while recovering a worker that stopped answering pings: when its ping was sent
+        self.unresponsive: float | None = None
         self.state = RecoveryState()
         self.mode: AsyncValue[Mode] = AsyncValue(Mode.STOPPED)
         self._demand = trio.Event()
@@ -200,6 +208,9 @@ class WorkerHandle:
                 return await link.call(op, args, client_id=client_id, on_event=on_event)
             except WorkerDropped as exc:
                 last = exc
+                if link.unresponsive is not None:
+                    # hung, not gone: the command stays in its journal for a later resend
+                    raise self._unresponsive_error() from None
                 # the supervise task sees the drop and recovers; wait for the next link
                 await link.closed.wait()
         raise AgentdError(
@@ -215,6 +226,8 @@ class WorkerHandle:
         """
         if self.mode.value is Mode.STOPPED:
             self._demand.set()
+        if self.unresponsive is not None and self.mode.value is Mode.RECOVERING:
+            await self._wait_responsive()
         with trio.move_on_after(self.timing.worker_connect_timeout):
             await self.wait_retried()
             await self.mode.wait_value(lambda m: m in (Mode.READY, Mode.FAILED))
@@ -234,6 +247,25 @@ class WorkerHandle:
             ErrorCode.WORKER_UNAVAILABLE,
             f"session {self.session_id} is {self.mode.value}: its worker did not become ready"
             f" within {self.timing.worker_connect_timeout:g}s — retry later",
+        )
+
+    async def _wait_responsive(self) -> None:
+        """The worker stopped answering and is being recovered: give the recovery
+        ``link_ping_timeout`` to reach it again (or move on to a respawn), else fail."""
+        with trio.move_on_after(self.timing.link_ping_timeout):
+            await self.mode.wait_value(lambda m: m is not Mode.RECOVERING)
+            return
+        raise self._unresponsive_error()
+
+    def _unresponsive_error(self) -> AgentdError:
+        t = self.timing
+        return AgentdError(
+            ErrorCode.WORKER_UNRESPONSIVE,
+            f"session {self.session_id}: its worker (pid {self.pid}) answers nothing, not even"
+            f" a ping within {t.link_ping_timeout:g}s (stopped, or its event loop is blocked);"
+            " it is being recovered — send the command again later (the same id gets its"
+            " result if it ran)",
+            {"session": self.session_id, "pid": self.pid},
         )
 
     # the supervise loop -----------------------------------------------------------------------
@@ -371,7 +403,8 @@ class WorkerHandle:
                     return self._take_stop()
                 self.link = None
                 await link.aclose()
-                self._note("link lost")
+                self.unresponsive = link.unresponsive
+                self._note("link lost" if link.unresponsive is None else "worker unresponsive")
                 # (liveness treats a process that is already exiting as dead: a killed
                 # worker's socket closes a moment before it becomes a zombie)
                 return LinkLost(alive=self.ops.alive(self))
@@ -423,9 +456,14 @@ class WorkerHandle:
     def _adopt_link(self, link: WorkerLink) -> None:
         """Make ``link`` current; its reader runs in the handle's nursery for the link's life."""
         self.link = link
+        self.unresponsive = None
         link.on_notice = self._on_notice
         assert self._readers is not None
         self._readers.start_soon(link.run_reader)
+        self._readers.start_soon(functools.partial(
+            link.watch_liveness, interval=self.timing.link_ping_interval,
+            ping_timeout=self.timing.link_ping_timeout,
+        ))
 
     def _on_notice(self, notice: Notice) -> None:
         """The worker ran a turn for a client on a direct route: keep count and activity."""
