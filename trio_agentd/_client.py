@@ -58,9 +58,12 @@ class _Lost(Exception):
 class _Connection:
     """One connection and its reader task, routing responses and events by request id."""
 
-    def __init__(self, ms: MessageStream, hello: Hello | None) -> None:
+    def __init__(
+        self, ms: MessageStream, hello: Hello | None, *, route: dict[str, Any] | None = None
+    ) -> None:
         self.ms = ms
         self.hello = hello  # None on a direct route to a worker
+        self.route = route  # on a direct route: the route it was attached by
         self.pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
         self.closed = False
         self.error: AgentdError | None = None  # why the reader stopped, if the peer broke it
@@ -100,7 +103,7 @@ class _Connection:
     def watched(
         self, nursery: trio.Nursery, ping: Request, timing: Timing, unresponsive: AgentdError
     ) -> Iterator[None]:
-        """While the body runs (a prompt is outstanding), ping the peer after
+        """While the body runs (a request is outstanding), ping the peer after
         ``link_ping_interval`` of silence; if nothing arrives within ``link_ping_timeout`` of a
         ping, end the connection with ``unresponsive`` (every pending request raises it)."""
         self.watchers += 1
@@ -181,6 +184,22 @@ class Client:
         return await self._exchange_on(await self._connection(), rid, op, args, on_event)
 
     async def _exchange_on(
+        self,
+        conn: _Connection,
+        rid: int,
+        op: str,
+        args: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], Any] | None,
+    ) -> Any:
+        if conn.route is not None and op == "prompt":
+            # a direct route: a worker that answers nothing, not even a ping, fails it
+            ping = Request(id=next(self._ids), op="ping", client_id=self.client_id)
+            with conn.watched(self._nursery, ping, self.timing,
+                              _unresponsive(conn.route, self.timing)):
+                return await self._exchange_unwatched(conn, rid, op, args, on_event)
+        return await self._exchange_unwatched(conn, rid, op, args, on_event)
+
+    async def _exchange_unwatched(
         self,
         conn: _Connection,
         rid: int,
@@ -296,12 +315,9 @@ class Client:
             route = await self._route(session, args, agent, fresh=fresh)
             try:
                 conn = await self._attached(session, route)
-                ping = Request(id=next(self._ids), op="ping", client_id=self.client_id)
-                with conn.watched(self._nursery, ping, self.timing,
-                                  _unresponsive(session, route, self.timing)):
-                    return await self._exchange_on(
-                        conn, rid, "prompt", worker_args, on_event
-                    )
+                return await self._exchange_on(
+                    conn, rid, "prompt", worker_args, on_event
+                )
             except _Lost as exc:
                 error: Exception = exc
             except AgentdError as exc:
@@ -446,7 +462,8 @@ class Client:
         return dict(await self.request("status"))
 
 
-def _unresponsive(session: str, route: dict[str, Any], timing: Timing) -> AgentdError:
+def _unresponsive(route: dict[str, Any], timing: Timing) -> AgentdError:
+    session = route.get("session")
     return AgentdError(
         ErrorCode.WORKER_UNRESPONSIVE,
         f"session {session}: its worker (pid {route.get('worker_pid')}) answers nothing, not"
@@ -506,7 +523,7 @@ async def _attach(route: dict[str, Any], timing: Timing) -> _Connection:
     except BaseException:
         await ms.aclose()
         raise
-    return _Connection(ms, None)
+    return _Connection(ms, None, route=route)
 
 
 async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] | None:

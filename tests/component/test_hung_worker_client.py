@@ -75,7 +75,7 @@ class Worker:
                                       start_id="boot:100", socket=SOCKET)
         self.nursery.start_soon(link.run_reader)  # the supervisor: the worker serves g1
 
-    async def attach(self) -> _client._Connection:
+    async def attach(self, route: dict[str, Any]) -> _client._Connection:
         """A client's direct route (the worker's end freezes with ``process``)."""
         ours, theirs = trio.testing.memory_stream_pair()
         self.nursery.start_soon(self.core.serve_connection, _ProcessStream(theirs, self.process))
@@ -83,7 +83,7 @@ class Worker:
         assert isinstance(await ms.receive(), WorkerHello)
         await ms.send(Attach(grant=make_grant(TOKEN, "s1", "g1", time.time() + 3600)))
         assert isinstance(await ms.receive(), AuthOk)
-        return _client._Connection(ms, None)
+        return _client._Connection(ms, None, route=route)
 
     def pings(self) -> list[float]:
         return [t for t, op in self.process.received if op == "ping"]
@@ -112,7 +112,7 @@ async def _client_on(
                 "worker_pid": 4242, "grant": "g", "expires": time.time() + 3600}
 
     async def attach(route: dict[str, Any], timing: Any) -> _client._Connection:
-        return await worker.attach()
+        return await worker.attach(route)
 
     c._request_supervisor = request_supervisor  # type: ignore[method-assign]
     c.routes_asked = routes  # type: ignore[attr-defined]
@@ -194,10 +194,10 @@ async def test_trio_client_a_slow_consumer_is_not_the_workers_silence(
             arrivals.append(trio.current_time())
             original_arrived()
 
-        conn.silence.arrived = arrived  # type: ignore[method-assign,assignment]
+        conn.silence.arrived = arrived  # type: ignore[method-assign]
         return await original(conn, *args)
 
-    client._exchange_on = exchange_on  # type: ignore[method-assign]
+    client._exchange_on = exchange_on  # type: ignore[method-assign,assignment]
     result = await client._prompt_direct(7, {"session": "s1", "text": "x"}, slow)
     assert result["bytes"] == 80
     assert trio.current_time() == 800.0
