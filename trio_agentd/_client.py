@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import inspect
 import itertools
 import os
 import socket as _socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import trio
 
 from ._errors import AgentdError, ErrorCode, single_errors
+from ._liveness import Silence, watch
 from ._paths import Layout, check_socket_path
 from ._protocol import (
     PROTOCOL_VERSION,
@@ -56,12 +58,18 @@ class _Lost(Exception):
 class _Connection:
     """One connection and its reader task, routing responses and events by request id."""
 
-    def __init__(self, ms: MessageStream, hello: Hello | None) -> None:
+    def __init__(
+        self, ms: MessageStream, hello: Hello | None, *, route: dict[str, Any] | None = None
+    ) -> None:
         self.ms = ms
         self.hello = hello  # None on a direct route to a worker
+        self.route = route  # on a direct route: the route it was attached by
         self.pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
         self.closed = False
         self.error: AgentdError | None = None  # why the reader stopped, if the peer broke it
+        self.silence = Silence()
+        self.watchers = 0  # prompts outstanding that watch the peer's liveness
+        self._watch_scope: trio.CancelScope | None = None
 
     async def run_reader(self) -> None:
         """Route responses and events by request id. A request whose consumer does not keep up
@@ -69,7 +77,9 @@ class _Connection:
         the agent behind them — backpressure, never a dropped chunk or an unbounded buffer."""
         try:
             while True:
+                self.silence.waiting()
                 msg = await self.ms.receive()
+                self.silence.arrived()
                 if msg is None:
                     break
                 if isinstance(msg, Response | Event) and isinstance(msg.id, int):
@@ -88,6 +98,40 @@ class _Connection:
             for chan in self.pending.values():
                 chan.close()
             await self.ms.aclose()
+
+    @contextlib.contextmanager
+    def watched(
+        self, nursery: trio.Nursery, ping: Request, timing: Timing, unresponsive: AgentdError
+    ) -> Iterator[None]:
+        """While the body runs (a request is outstanding), ping the peer after
+        ``link_ping_interval`` of silence; if nothing arrives within ``link_ping_timeout`` of a
+        ping, end the connection with ``unresponsive`` (every pending request raises it)."""
+        self.watchers += 1
+        if self.watchers == 1:
+            self._watch_scope = trio.CancelScope()
+            nursery.start_soon(self._watch, self._watch_scope, ping, timing, unresponsive)
+        try:
+            yield
+        finally:
+            self.watchers -= 1
+            if self.watchers == 0 and self._watch_scope is not None:
+                self._watch_scope.cancel()
+                self._watch_scope = None
+
+    async def _watch(
+        self, scope: trio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError
+    ) -> None:
+        with scope:
+            try:
+                await watch(self.silence, functools.partial(self.ms.send, ping),
+                            interval=timing.link_ping_interval,
+                            ping_timeout=timing.link_ping_timeout)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # the connection ended anyway
+            if not self.closed:
+                self.error = unresponsive
+                self.closed = True
+                await self.ms.aclose()  # the reader ends: every pending request fails
 
 
 class Client:
@@ -140,6 +184,22 @@ class Client:
         return await self._exchange_on(await self._connection(), rid, op, args, on_event)
 
     async def _exchange_on(
+        self,
+        conn: _Connection,
+        rid: int,
+        op: str,
+        args: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], Any] | None,
+    ) -> Any:
+        if conn.route is not None and op == "prompt":
+            # a direct route: a worker that answers nothing, not even a ping, fails it
+            ping = Request(id=next(self._ids), op="ping", client_id=self.client_id)
+            with conn.watched(self._nursery, ping, self.timing,
+                              _unresponsive(conn.route, self.timing)):
+                return await self._exchange_unwatched(conn, rid, op, args, on_event)
+        return await self._exchange_unwatched(conn, rid, op, args, on_event)
+
+    async def _exchange_unwatched(
         self,
         conn: _Connection,
         rid: int,
@@ -237,6 +297,13 @@ class Client:
         to the worker itself. When the route fails (worker gone, grant refused, a supervisor
         replaced, connection lost) the client asks the supervisor again and resends the same
         ``(client_id, id)``: the worker's journal runs it at most once.
+
+        A worker that sends nothing for ``link_ping_interval`` is pinged; one that answers
+        nothing within ``link_ping_timeout`` of the ping (stopped, its event loop blocked) fails
+        the prompt with ``worker_unresponsive`` — at most ``link_ping_interval +
+        link_ping_timeout`` after its last sign of life. A turn that is merely silent goes on:
+        its worker answers the pings. The command stays in the worker's journal: a resend with
+        the same id later gets its result.
         """
         session = str(args.get("session") or "default")
         agent = args.get("agent")
@@ -254,6 +321,9 @@ class Client:
             except _Lost as exc:
                 error: Exception = exc
             except AgentdError as exc:
+                if exc.code == ErrorCode.WORKER_UNRESPONSIVE:
+                    self._forget_route(session)  # the next prompt asks the supervisor again
+                    raise
                 if exc.code not in _REROUTE:
                     raise
                 error = exc
@@ -392,6 +462,17 @@ class Client:
         return dict(await self.request("status"))
 
 
+def _unresponsive(route: dict[str, Any], timing: Timing) -> AgentdError:
+    session = route.get("session")
+    return AgentdError(
+        ErrorCode.WORKER_UNRESPONSIVE,
+        f"session {session}: its worker (pid {route.get('worker_pid')}) answers nothing, not"
+        f" even a ping within {timing.link_ping_timeout:g}s (stopped, or its event loop is"
+        " blocked) — send the prompt again later (the same id gets its result if it ran)",
+        {"session": session, "pid": route.get("worker_pid")},
+    )
+
+
 async def _attach(route: dict[str, Any], timing: Timing) -> _Connection:
     """Connect to a session's worker and present the supervisor's grant.
 
@@ -442,7 +523,7 @@ async def _attach(route: dict[str, Any], timing: Timing) -> _Connection:
     except BaseException:
         await ms.aclose()
         raise
-    return _Connection(ms, None)
+    return _Connection(ms, None, route=route)
 
 
 async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] | None:

@@ -8,15 +8,22 @@ STARTUP_TIMEOUT = 30.0
 PROBE_INTERVAL = 0.025
 HELLO_TIMEOUT = 1.5
 CONNECT_TIMEOUT = 0.3
+# liveness of a link to a worker (the supervisor's, and a client's direct route while a prompt
+# is outstanding): after this long with nothing from the worker, ping it ...
+LINK_PING_INTERVAL = 2.0
+# ... and if nothing at all arrives this long after the ping, the worker is unresponsive
+LINK_PING_TIMEOUT = 3.0
 
 
 class ClientTiming:
-    """The four client constants, duck-typed like :class:`trio_agentd.timing.Timing`."""
+    """The client constants, duck-typed like :class:`trio_agentd.timing.Timing`."""
 
     startup_timeout = STARTUP_TIMEOUT
     probe_interval = PROBE_INTERVAL
     hello_timeout = HELLO_TIMEOUT
     connect_timeout = CONNECT_TIMEOUT
+    link_ping_interval = LINK_PING_INTERVAL
+    link_ping_timeout = LINK_PING_TIMEOUT
 
 
 CLIENT = ClientTiming()

@@ -20,6 +20,10 @@ class ErrorCode(StrEnum):
     OWNERSHIP_LOST = "ownership_lost"
     SHUTTING_DOWN = "shutting_down"
     WORKER_UNAVAILABLE = "worker_unavailable"
+    # the worker's process is there but it answers nothing, not even a ping (SIGSTOPped, or
+    # its event loop blocked): the prompt waiting on it fails; the worker's journal keeps the
+    # command, so a resend with the same id later gets its result
+    WORKER_UNRESPONSIVE = "worker_unresponsive"
     COMMAND_INTERRUPTED = "command_interrupted"
     COMMAND_CANCELLED = "command_cancelled"
     # `trio-agentd kill SESSION` ended the prompt's turn (or the prompt queued behind it)

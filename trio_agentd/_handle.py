@@ -15,11 +15,17 @@ or signals the worker. A command that arrives while the session is stopping wait
 and is then served as if it came after it: an evicted or shut-down session starts a fresh
 worker; a killed session is retired (:class:`SessionRetired`), and the supervisor creates the
 session anew for it.
+
+Every link is pinged (:meth:`WorkerLink.watch_liveness`): a worker that answers nothing for
+``link_ping_interval + link_ping_timeout`` loses its link and is recovered like one that cannot
+be reached (``LinkLost(alive=True)``: reconnects, deferred rounds, stop and respawn); a command
+waiting on it fails ``worker_unresponsive`` instead of waiting for ever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -136,6 +142,8 @@ class WorkerHandle:
         self.supervised_since = 0.0
         self.evicted = False
         self.link: WorkerLink | None = None
+        # set while recovering a worker that stopped answering pings: when its ping was sent
+        self.unresponsive: float | None = None
         self.state = RecoveryState()
         self.mode: AsyncValue[Mode] = AsyncValue(Mode.STOPPED)
         self._demand = trio.Event()
@@ -269,6 +277,9 @@ class WorkerHandle:
                     return await link.call(op, args, client_id=client_id, on_event=on_event)
                 except WorkerDropped as exc:
                     last = exc
+                    if link.unresponsive is not None:
+                        # hung, not gone: the command stays in its journal for a later resend
+                        raise self._unresponsive_error() from None
                     # the supervise task sees the drop and recovers; wait for the next link
                     await link.closed.wait()
         finally:
@@ -291,6 +302,8 @@ class WorkerHandle:
             SessionRetired: the session was killed (its handle is forgotten).
             AgentdError: ``worker_unavailable`` if it failed or is not ready in time.
         """
+        if self.unresponsive is not None and self.mode.value is Mode.RECOVERING:
+            await self._wait_responsive()
         with trio.move_on_after(self.timing.worker_connect_timeout):
             while True:
                 if self.retired.is_set():
@@ -316,6 +329,25 @@ class WorkerHandle:
             ErrorCode.WORKER_UNAVAILABLE,
             f"session {self.session_id} is {self.mode.value}: its worker did not become ready"
             f" within {self.timing.worker_connect_timeout:g}s — retry later",
+        )
+
+    async def _wait_responsive(self) -> None:
+        """The worker stopped answering and is being recovered: give the recovery
+        ``link_ping_timeout`` to reach it again (or move on to a respawn), else fail."""
+        with trio.move_on_after(self.timing.link_ping_timeout):
+            await self.mode.wait_value(lambda m: m is not Mode.RECOVERING)
+            return
+        raise self._unresponsive_error()
+
+    def _unresponsive_error(self) -> AgentdError:
+        t = self.timing
+        return AgentdError(
+            ErrorCode.WORKER_UNRESPONSIVE,
+            f"session {self.session_id}: its worker (pid {self.pid}) answers nothing, not even"
+            f" a ping within {t.link_ping_timeout:g}s (stopped, or its event loop is blocked);"
+            " it is being recovered — send the command again later (the same id gets its"
+            " result if it ran)",
+            {"session": self.session_id, "pid": self.pid},
         )
 
     # the supervise loop -----------------------------------------------------------------------
@@ -467,7 +499,8 @@ class WorkerHandle:
                     return self._take_stop()
                 self.link = None
                 await link.aclose()
-                self._note("link lost")
+                self.unresponsive = link.unresponsive
+                self._note("link lost" if link.unresponsive is None else "worker unresponsive")
                 # (liveness treats a process that is already exiting as dead: a killed
                 # worker's socket closes a moment before it becomes a zombie)
                 return LinkLost(alive=self.ops.alive(self))
@@ -524,9 +557,14 @@ class WorkerHandle:
     def _adopt_link(self, link: WorkerLink) -> None:
         """Make ``link`` current; its reader runs in the handle's nursery for the link's life."""
         self.link = link
+        self.unresponsive = None
         link.on_notice = self._on_notice
         assert self._readers is not None
         self._readers.start_soon(link.run_reader)
+        self._readers.start_soon(functools.partial(
+            link.watch_liveness, interval=self.timing.link_ping_interval,
+            ping_timeout=self.timing.link_ping_timeout,
+        ))
 
     def _on_notice(self, notice: Notice) -> None:
         """The worker ran a turn for a client on a direct route: keep count and activity."""

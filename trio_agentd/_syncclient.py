@@ -133,8 +133,8 @@ class _Conn:
             raise _Malformed(ErrorCode.INTERNAL, "daemon sent a non-object frame")
         return obj
 
-    def send(self, obj: dict[str, Any]) -> None:
-        self.sock.settimeout(None)
+    def send(self, obj: dict[str, Any], timeout: float | None = None) -> None:
+        self.sock.settimeout(timeout)
         self.sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
     def close(self) -> None:
@@ -325,7 +325,9 @@ class SyncClient:
     ) -> Any:
         """A prompt over the session's direct route (see ``trio_agentd._client``): the
         supervisor grants the route, the worker runs the prompt; when the route fails the
-        supervisor is asked again and the same ``(client_id, id)`` is resent."""
+        supervisor is asked again and the same ``(client_id, id)`` is resent. A worker that
+        answers nothing, not even a ping, fails the prompt with ``worker_unresponsive`` (see
+        :class:`_Liveness`)."""
         session = str(args.get("session") or "default")
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False}
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": "prompt",
@@ -340,18 +342,24 @@ class SyncClient:
                 f"route-{self._route_ids}", "route", route_args, None, None
             )
             conn: _Conn | None = None
+            liveness = _Liveness(
+                self.timing,
+                {"type": "request", "id": f"ping-{rid}", "client_id": self.client_id,
+                 "op": "ping", "args": {}},
+                session, route.get("worker_pid"),
+            )
             try:
                 conn = _attach(route, self.timing)
                 conn.send(frame)
                 try:
-                    return _await_response(conn, rid, on_event)
+                    return _await_response(conn, rid, on_event, liveness)
                 except KeyboardInterrupt:
                     # Ctrl-C: cancel this command and wait for the worker to confirm (its
                     # answer: command_cancelled, or its result if it had just finished); a
                     # second Ctrl-C leaves at once
                     conn.send({"type": "request", "id": f"cancel-{rid}", "client_id":
                                self.client_id, "op": "cancel", "args": {"command_id": rid}})
-                    return _await_response(conn, rid, on_event)
+                    return _await_response(conn, rid, on_event, liveness)
             except (OSError, _Lost) as exc:
                 error: Exception = exc
             except AgentdError as exc:
@@ -427,17 +435,62 @@ def _attach(route: dict[str, Any], timing: Timing | ClientTiming) -> _Conn:
     return conn
 
 
+class _Liveness:
+    """How a direct route tells a hung worker from a silent turn: after ``link_ping_interval``
+    with nothing arriving, ping it; if nothing at all arrives within ``link_ping_timeout`` of
+    the ping, it is unresponsive (stopped, or its event loop blocked) — a worker whose loop
+    runs answers at once, however long its turn is silent. Time spent in ``on_event`` (the
+    caller's own pace) never counts as silence: only time waiting in ``recv``."""
+
+    __slots__ = ("pid", "ping", "session", "timing")
+
+    def __init__(
+        self, timing: Timing | ClientTiming, ping: dict[str, Any], session: str, pid: object
+    ) -> None:
+        self.timing = timing
+        self.ping = ping
+        self.session = session
+        self.pid = pid
+
+    def read(self, conn: _Conn) -> dict[str, Any] | None:
+        """The next message, pinging a silent worker.
+
+        Raises:
+            AgentdError: ``worker_unresponsive``: the ping was not answered in time.
+        """
+        try:
+            return conn.read_message(self.timing.link_ping_interval)
+        except TimeoutError:
+            pass
+        timeout = self.timing.link_ping_timeout
+        try:
+            conn.send(self.ping, timeout)
+            return conn.read_message(timeout)
+        except TimeoutError:
+            raise AgentdError(
+                ErrorCode.WORKER_UNRESPONSIVE,
+                f"session {self.session}: its worker (pid {self.pid}) answers nothing, not even"
+                f" a ping within {timeout:g}s (stopped, or its event loop is blocked) — send"
+                " the prompt again later (the same id gets its result if it ran)",
+                {"session": self.session, "pid": self.pid},
+            ) from None
+
+
 def _await_response(
-    conn: _Conn, rid: int | str, on_event: Callable[[dict[str, Any]], None] | None
+    conn: _Conn,
+    rid: int | str,
+    on_event: Callable[[dict[str, Any]], None] | None,
+    liveness: _Liveness | None = None,
 ) -> Any:
     """Read until the response to ``rid`` (events go to ``on_event``); its result.
 
     Raises:
         _Lost: the connection ended first.
-        AgentdError: the command failed.
+        AgentdError: the command failed, or ``worker_unresponsive`` (with ``liveness``: the
+            peer answered nothing, not even a ping).
     """
     while True:
-        msg = conn.read_message(None)
+        msg = conn.read_message(None) if liveness is None else liveness.read(conn)
         if msg is None:
             raise _Lost("the connection closed before the response")
         if msg.get("id") != rid:

@@ -4,6 +4,11 @@ A reader task routes each response (and the events before it) to the call that s
 calls are multiplexed by a link-local request id. When the link drops, every pending call fails
 with :class:`WorkerDropped` so the caller can reconnect and resend the *same* command id (the
 worker's journal makes the resend safe).
+
+A worker that stops answering (SIGSTOP, a blocked event loop) keeps the connection open, so
+:meth:`WorkerLink.watch_liveness` pings it after ``link_ping_interval`` of silence and closes the
+link as *unresponsive* when nothing answers within ``link_ping_timeout`` (see
+:mod:`._liveness`): the handle then recovers it as a worker that does not answer.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 import trio
 
 from ._errors import AgentdError, ErrorCode
+from ._liveness import Silence, watch
 from ._protocol import Auth, AuthOk, Dropped, Event, Notice, Request, Response, WorkerHello
 from ._stream import MessageStream
 
@@ -39,12 +45,17 @@ class WorkerLink:
         self.closed = trio.Event()
         self.drop_reason: str | None = None
         self.on_notice: Callable[[Notice], None] = lambda _n: None
+        self.silence = Silence()
+        # when the ping the worker never answered was sent (the link was closed for it)
+        self.unresponsive: float | None = None
 
     async def run_reader(self) -> None:
         """Route messages until the link ends; then fail every pending call."""
         try:
             while True:
+                self.silence.waiting()
                 msg = await self.ms.receive()
+                self.silence.arrived()
                 if msg is None:
                     break
                 if isinstance(msg, Response | Event):
@@ -99,6 +110,32 @@ class WorkerLink:
         finally:
             self._pending.pop(rid, None)
             recv.close()  # the reader, if blocked on this call's channel, goes on
+
+    async def watch_liveness(self, *, interval: float, ping_timeout: float) -> None:
+        """Ping the worker whenever nothing has arrived from it for ``interval``; if nothing
+        arrives within ``ping_timeout`` of a ping, mark the link ``unresponsive`` and close it
+        (every pending call fails with :class:`WorkerDropped`). Returns once the link closed.
+        """
+        async def ping() -> None:
+            await self.ms.send(Request(id=next(self._ids), op="ping", client_id="supervisor"))
+
+        async with trio.open_nursery() as nursery:
+            async def until_closed() -> None:
+                await self.closed.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(until_closed)
+            try:
+                at = await watch(self.silence, ping, interval=interval, ping_timeout=ping_timeout)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                nursery.cancel_scope.cancel()
+                return
+            self.unresponsive = at
+            self.drop_reason = f"the worker answered no ping within {ping_timeout:g}s"
+            log.warning("worker %s (pid %s) is unresponsive: it answered no ping within %gs",
+                        self.hello.session, self.hello.pid, ping_timeout)
+            nursery.cancel_scope.cancel()
+        await self.ms.aclose()  # the reader ends and fails every pending call
 
     async def aclose(self) -> None:
         await self.ms.aclose()

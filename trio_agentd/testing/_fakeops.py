@@ -47,6 +47,32 @@ class FakeProcess:
     exited: trio.Event = field(default_factory=trio.Event)
     token: str = ""
     connections: list[trio.CancelScope] = field(default_factory=list)
+    # SIGSTOP: set while stopped; its connections stay open but it reads and sends nothing
+    frozen: bool = False
+    thawed: trio.Event = field(default_factory=trio.Event)
+    _behaviour_before: Behaviour | None = None
+    received: list[tuple[float, str]] = field(default_factory=list)  # (time, op) it read
+
+    def freeze(self) -> None:
+        """SIGSTOP (or an event loop that blocks): every connection stays open but nothing is
+        read or answered, new connections hang, SIGTERM stays pending; SIGKILL still works."""
+        if not self.frozen:
+            self.frozen = True
+            self.thawed = trio.Event()
+            self._behaviour_before, self.behaviour = self.behaviour, Behaviour.HUNG
+
+    def thaw(self) -> None:
+        """SIGCONT: it goes on where it stopped."""
+        if self.frozen:
+            self.frozen = False
+            self.thawed.set()
+            if self._behaviour_before is not None:
+                self.behaviour = self._behaviour_before
+
+    async def running(self) -> None:
+        """Return once the process is not stopped."""
+        while self.frozen:
+            await self.thawed.wait()
 
     def cut(self) -> None:
         """Break every connection to it; the process stays alive (a network-ish failure)."""
@@ -125,6 +151,8 @@ class FakeWorkerOps:
         self._event(f"signal {signal.Signals(sig).name} {p.pid}")
         if p.behaviour is Behaviour.SURVIVES_KILL:
             return True
+        if p.frozen and sig != signal.SIGKILL:
+            return True  # pending until SIGCONT
         if sig == signal.SIGKILL or p.behaviour is not Behaviour.IGNORES_TERM:
             p.die()
         return True
@@ -177,7 +205,7 @@ class FakeWorkerOps:
 
         async def serve_conn() -> None:
             with p.new_scope(), conn_scope:
-                await core.serve_connection(server)
+                await core.serve_connection(_ProcessStream(server, p))
             await server.aclose()
             await client.aclose()
 
@@ -186,3 +214,43 @@ class FakeWorkerOps:
             client, token=p.token, generation=SUPERVISOR_GENERATION, pid=SUPERVISOR_PID,
             start_id="boot:1000", socket=SUPERVISOR_SOCKET,
         )
+
+
+class _ProcessStream(trio.abc.Stream):
+    """The worker's end of a connection: reads and sends nothing while its process is
+    stopped (:meth:`FakeProcess.freeze`), and notes the op of every request it reads."""
+
+    def __init__(self, inner: trio.abc.Stream, process: FakeProcess) -> None:
+        self.inner = inner
+        self.process = process
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.process.running()
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        await self.process.running()
+        data = await self.inner.receive_some(max_bytes)
+        await self.process.running()  # stopped while it waited: it reads this when continued
+        for line in bytes(data).splitlines():
+            op = _op_of(line)
+            if op is not None:
+                self.process.received.append((trio.current_time(), op))
+        return data
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _op_of(line: bytes) -> str | None:
+    import json
+
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    op = msg.get("op") if isinstance(msg, dict) and msg.get("type") == "request" else None
+    return op if isinstance(op, str) else None
