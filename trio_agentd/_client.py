@@ -352,6 +352,8 @@ class Client:
             route_args: dict[str, Any] = {
                 k: args[k] for k in ("session", "agent", "cwd", "env") if k in args
             }
+            if fresh:
+                route_args["resend"] = True  # a command already sent: not into a new session
             route = dict(await self._request_supervisor(
                 next(self._ids), "route", {**route_args, "session": session}, None
             ))

@@ -127,6 +127,9 @@ class Supervisor:
         self.started_at = time.monotonic()
         self.ops = ProcessWorkerOps(self.layout, self.ownership, self.timing)
         self.sessions: dict[str, WorkerHandle] = {}
+        # sessions killed in this supervisor's life and not made anew since: a resent command
+        # of theirs is answered session_killed, not run in a new session
+        self.killed: set[str] = set()
         self._loaded: list[tuple[WorkerHandle, bool, Mode]] = []
         self._create_lock = trio.Lock()
         self.shutdown_requested = trio.Event()
@@ -496,6 +499,7 @@ class Supervisor:
             and self.sessions.get(h.session_id) is h
         ):
             del self.sessions[h.session_id]
+            self.killed.add(h.session_id)
             self.ops.forget(h.session_id)
             h.cancel_scope.cancel()
             h.retire()
@@ -546,6 +550,7 @@ class Supervisor:
                     None if env is None else agent_environment(env),
                 )
                 self.sessions[session_id] = h
+                self.killed.discard(session_id)  # made anew by a new command
                 await self._supervise(h, alive=False, lifecycle=Mode.STOPPED)
             elif agent is not None and agent != h.agent:
                 raise _agent_mismatch(session_id, h.agent, agent)
@@ -778,8 +783,17 @@ class Supervisor:
 
     async def _route(self, args: dict[str, Any]) -> dict[str, Any]:
         """The data plane's entry: make the session ready (creating or recovering it) and grant
-        the client a direct route to its worker."""
+        the client a direct route to its worker.
+
+        ``resend``: the client asks again for a command it already sent (its route failed). If
+        the session was killed meanwhile the command is not carried into a session made anew:
+        ``session_killed``, as its client would have heard from the worker.
+        """
+        session = _opt_str(args, "session") or "default"
+        resend = args.get("resend") is True
         while True:
+            if resend and session in self.killed:
+                raise _killed_while_sent(session)
             h = await self.get_session(
                 _opt_str(args, "session") or "default", _opt_str(args, "agent"),
                 _opt_str(args, "cwd"), create=True, env=_opt_env(args),
@@ -789,6 +803,8 @@ class Supervisor:
                 await self._wait_ready(h)  # a stopping session: after its stop, as if then
                 break
             except SessionRetired:
+                if resend:
+                    raise _killed_while_sent(session) from None
                 continue  # it was killed: the prompt creates the session anew
         if h.token is None or h.pid is None:
             raise AgentdError(ErrorCode.WORKER_UNAVAILABLE,
@@ -918,6 +934,15 @@ class Supervisor:
             "phase": str(self.ownership.record.phase),
             "restores": self.ownership.statistics().restores,
         }
+
+
+def _killed_while_sent(session: str) -> AgentdError:
+    return AgentdError(
+        ErrorCode.SESSION_KILLED,
+        f"session {session} was killed while this prompt ran or waited; it was not run again"
+        " — send it again to start the session anew",
+        {"session": session},
+    )
 
 
 def _agent_mismatch(session_id: str, have: str, asked: str) -> AgentdError:

@@ -339,7 +339,8 @@ class SyncClient:
         while True:
             self._route_ids += 1
             route = self._request_supervisor(
-                f"route-{self._route_ids}", "route", route_args, None, None
+                f"route-{self._route_ids}", "route",
+                {**route_args, "resend": True} if self.resent else route_args, None, None,
             )
             conn: _Conn | None = None
             liveness = _Liveness(
