@@ -107,21 +107,29 @@ def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+_RECV_SIZE = 1 << 18  # a whole chunk event (256 KiB of output, base64) in a few reads
+
+
 class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.buf = b""
+        self.buf = bytearray()
+        self._scanned = 0  # bytes of ``buf`` known to hold no newline
 
     def read_message(self, timeout: float | None) -> dict[str, Any] | None:
         self.sock.settimeout(timeout)
-        while b"\n" not in self.buf:
+        # each byte is scanned for the newline once, and a big frame is not copied per read
+        while (nl := self.buf.find(b"\n", self._scanned)) < 0:
+            self._scanned = len(self.buf)
             if len(self.buf) > MAX_FRAME:
                 raise AgentdError(ErrorCode.FRAME_TOO_LARGE, "daemon sent an oversized line")
-            chunk = self.sock.recv(65536)
+            chunk = self.sock.recv(_RECV_SIZE)
             if not chunk:
                 return None
             self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
+        line = bytes(self.buf[:nl])
+        del self.buf[: nl + 1]
+        self._scanned = 0
         if nesting_depth(line) > MAX_DEPTH:
             raise _Malformed(ErrorCode.INTERNAL, f"daemon sent a frame nested >{MAX_DEPTH} deep")
         try:
