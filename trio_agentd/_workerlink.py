@@ -125,16 +125,16 @@ class WorkerLink:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_closed)
-            try:
+            at: float | None = None
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 at = await watch(self.silence, ping, interval=interval, ping_timeout=ping_timeout)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                nursery.cancel_scope.cancel()
-                return
-            self.unresponsive = at
-            self.drop_reason = f"the worker answered no ping within {ping_timeout:g}s"
-            log.warning("worker %s (pid %s) is unresponsive: it answered no ping within %gs",
-                        self.hello.session, self.hello.pid, ping_timeout)
             nursery.cancel_scope.cancel()
+        if at is None:
+            return  # the link broke first: its reader fails the pending calls
+        self.unresponsive = at
+        self.drop_reason = f"the worker answered no ping within {ping_timeout:g}s"
+        log.warning("worker %s (pid %s) is unresponsive: it answered no ping within %gs",
+                    self.hello.session, self.hello.pid, ping_timeout)
         await self.ms.aclose()  # the reader ends and fails every pending call
 
     async def aclose(self) -> None:

@@ -197,6 +197,7 @@ async def test_a_service_task_that_raises_is_logged_and_started_again(
         calls: list[float] = []
 
         async def flaky() -> None:
+            await trio.lowlevel.checkpoint()
             calls.append(trio.current_time())
             if len(calls) == 1:
                 raise RuntimeError("boom")

@@ -101,11 +101,13 @@ async def _client_on(
 ) -> _client.Client:
     """A Trio client whose supervisor grants a route to ``worker`` and whose direct routes
     attach to it."""
+    await trio.lowlevel.checkpoint()
     c = _client.Client(nursery, Layout(home="/h", socket="/s/d.sock", registry="/r"),
                        DEFAULT_TIMING, autostart=False)
     routes: list[float] = []
 
     async def request_supervisor(rid: int, op: str, args: dict[str, Any], on_event: Any) -> Any:
+        await trio.lowlevel.checkpoint()
         assert op == "route"
         routes.append(trio.current_time())
         return {"session": "s1", "agent": "echo", "worker_socket": "/w.sock",

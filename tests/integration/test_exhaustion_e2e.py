@@ -170,6 +170,7 @@ async def test_a_spawn_out_of_descriptors_fails_that_prompt_and_the_next_prompt_
 
     async def no_pipes(*args: Any, **kw: Any) -> trio.Process:
         nonlocal calls
+        await trio.lowlevel.checkpoint()
         calls += 1
         raise OSError(errno.EMFILE, "Too many open files")  # as os.pipe() raises it
 
