@@ -84,7 +84,8 @@ def prove_socket_dir(path: str) -> None:
     problem = dir_problem(st, os.getuid(), private=True)
     if problem is not None:
         raise _refuse(
-            "socket directory", path, problem,
+            "socket directory", path, f"{problem} (owner uid {st.st_uid}, mode"
+            f" {stat.S_IMODE(st.st_mode):04o})",
             "remove it if it is not yours, or use another --socket"
             if st.st_uid != os.getuid() or stat.S_ISLNK(st.st_mode)
             else f"remove it (rm -r {path}) or run: chmod 700 {path}",

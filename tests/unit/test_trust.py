@@ -112,8 +112,9 @@ def test_prove_socket_dir_refuses_0755_naming_path_mode_and_fix(tmp_path: Path) 
         prove_socket_dir(str(d))
     assert info.value.code == "permission_denied"
     assert info.value.message == (
-        f"socket directory {d} has mode 0755 (group or others may use it), not 0700 — not"
-        f" trusted, nothing was sent; remove it (rm -r {d}) or run: chmod 700 {d}"
+        f"socket directory {d} has mode 0755 (group or others may use it), not 0700 (owner uid"
+        f" {os.getuid()}, mode 0755) — not trusted, nothing was sent; remove it (rm -r {d}) or"
+        f" run: chmod 700 {d}"
     )
     assert stat.S_IMODE(os.lstat(d).st_mode) == 0o755  # refused, never changed
 
@@ -123,7 +124,7 @@ def test_prove_socket_dir_refuses_a_symlink_to_a_private_dir(tmp_path: Path) -> 
     real.mkdir(mode=0o700)
     link = tmp_path / "s"
     link.symlink_to(real)
-    with pytest.raises(AgentdError, match="is a symlink — not trusted"):
+    with pytest.raises(AgentdError, match=r"is a symlink \(owner uid \d+, mode 0777\) — not"):
         prove_socket_dir(str(link))
 
 
