@@ -13,6 +13,13 @@ CONNECT_TIMEOUT = 0.3
 LINK_PING_INTERVAL = 2.0
 # ... and if nothing at all arrives this long after the ping, the worker is unresponsive
 LINK_PING_TIMEOUT = 3.0
+# a supervisor process that is alive but has not said hello yet (busy, swapped out, paused) is
+# waited for this long in all, with a progress line every PATIENCE_TICK, before a client calls
+# it wedged and advises a repair
+PATIENCE = 15.0
+PATIENCE_TICK = 3.0
+# doctor --fix repairs only what stays unresponsive across this many seconds of re-probing
+REPROBE_WINDOW = 3.0
 
 
 class ClientTiming:
@@ -24,6 +31,9 @@ class ClientTiming:
     connect_timeout = CONNECT_TIMEOUT
     link_ping_interval = LINK_PING_INTERVAL
     link_ping_timeout = LINK_PING_TIMEOUT
+    patience = PATIENCE
+    patience_tick = PATIENCE_TICK
+    reprobe_window = REPROBE_WINDOW
 
 
 CLIENT = ClientTiming()

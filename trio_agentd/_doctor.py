@@ -405,8 +405,15 @@ class RealHooks:
         return Layout(home=self.layout.home, socket=sock, registry=self.layout.registry)
 
     def reprobe(self, sock: str) -> Verdict | None:
-        obs, _ = observe(sock, self._layout_for(sock), timing=self.timing)
-        return classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
+        """The verdict once it has held for the re-probe window: a supervisor that answers at
+        any moment of it is not repaired (it was slow, not wedged)."""
+        deadline = time.monotonic() + self.timing.reprobe_window
+        while True:
+            obs, _ = observe(sock, self._layout_for(sock), timing=self.timing)
+            verdict = classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
+            if verdict is None or not verdict.problem or time.monotonic() >= deadline:
+                return verdict
+            time.sleep(self.timing.probe_interval)
 
     def kill(self, pid: int, start_id: str | None) -> bool:
         signal_identity_checked(pid, start_id, signal.SIGCONT)  # a stopped process dies at once

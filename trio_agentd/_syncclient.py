@@ -149,8 +149,30 @@ class _Conn:
         self.sock.close()
 
 
+def _lease_holder(layout: Layout) -> int | None:
+    """The pid the socket's lease names, if that process is alive."""
+    from . import _fs
+
+    try:
+        holder = json.loads(_fs.read_bytes(layout.lease_path) or b"{}")
+    except (OSError, ValueError):
+        return None
+    pid = holder.get("pid") if isinstance(holder, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return None
+    return pid
+
+
 def probe(
-    layout: Layout, timing: Timing | ClientTiming = CLIENT
+    layout: Layout,
+    timing: Timing | ClientTiming = CLIENT,
+    *,
+    patience: float = 0.0,
+    progress: Callable[[str], object] | None = None,
 ) -> tuple[_Conn, dict[str, Any]] | None:
     """Prove the socket, connect and read the hello; ``None`` if nobody listens.
 
@@ -190,14 +212,28 @@ def probe(
         s.close()
         raise
     conn = _Conn(s)
+    waited, wait = 0.0, timing.hello_timeout
     try:
-        hello = conn.read_message(timing.hello_timeout)
+        while True:
+            try:
+                hello = conn.read_message(wait)
+                break
+            except TimeoutError:
+                # a live supervisor that is only slow (busy, swapped out) gets patience, with
+                # a progress line; a dead or missing one does not
+                waited += wait
+                holder = _lease_holder(layout)
+                if waited >= patience or holder is None:
+                    raise
+                if progress is not None:
+                    progress(f"supervisor pid {holder} not answering for {waited:g} s…")
+                wait = min(timing.patience_tick, patience - waited)
     except TimeoutError:
         conn.close()
         raise AgentdError(
             ErrorCode.DAEMON_UNAVAILABLE,
             f"the supervisor on {layout.socket} accepted but sent no hello within"
-            f' {timing.hello_timeout}s — run "trio-agentd doctor --fix"',
+            f' {waited:g}s — run "trio-agentd doctor --fix"',
             {"wedged": True},
         ) from None
     except (OSError, _Malformed):
@@ -224,6 +260,8 @@ class SyncClient:
         self.layout = layout
         self.timing = timing
         self.autostart = autostart
+        # where a progress line goes while a slow supervisor is waited for (the CLI: stderr)
+        self.progress: Callable[[str], object] | None = None
         self.client_id = os.urandom(8).hex()
         self._ids = 0
         self._conn: _Conn | None = None
@@ -233,7 +271,8 @@ class SyncClient:
 
     def connect(self) -> dict[str, Any]:
         check_socket_path(self.layout.socket)
-        got = probe(self.layout, self.timing)
+        got = probe(self.layout, self.timing, patience=self.timing.patience,
+                    progress=self.progress)
         if got is None and self.autostart:
             got = self._autostart()
         if got is None:

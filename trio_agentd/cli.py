@@ -449,6 +449,7 @@ def _client(layout: Layout, *, autostart: bool = True) -> Any:
     from ._syncclient import SyncClient
 
     client = SyncClient(layout, autostart=autostart)
+    client.progress = lambda line: print(f"trio-agentd: {line}", file=sys.stderr, flush=True)
     client.connect()
     return client
 

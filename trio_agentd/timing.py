@@ -38,6 +38,11 @@ class Timing:
     probe_interval: float = _defaults.PROBE_INTERVAL
     hello_timeout: float = _defaults.HELLO_TIMEOUT
     connect_timeout: float = _defaults.CONNECT_TIMEOUT
+    # a live supervisor that has not said hello yet is waited for (progress every tick) before
+    # it is called wedged; doctor --fix re-probes this long before it repairs anything
+    patience: float = _defaults.PATIENCE
+    patience_tick: float = _defaults.PATIENCE_TICK
+    reprobe_window: float = _defaults.REPROBE_WINDOW
     # worker auth: how long a freshly accepted worker connection may take to authenticate
     auth_timeout: float = 2.0
     # how long a supervisor waits for a held shutdown admission before giving up on startup
