@@ -38,7 +38,7 @@ from ._protocol import (
     error_of,
 )
 from ._stream import MessageStream
-from ._syncclient import CREATING_OPS, Output, creator_args
+from ._syncclient import CREATING_OPS, Output, _lease_holder, creator_args
 from ._trust import isolated_python, prove_peer, prove_socket_dir
 from .timing import DEFAULT_TIMING, Timing
 
@@ -556,14 +556,23 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
         sock.close()
         raise
     ms = MessageStream(trio.SocketStream(sock))
+    waited, wait = 0.0, timing.hello_timeout
     try:
-        with trio.fail_after(timing.hello_timeout):
-            msg = await ms.receive()
+        while True:
+            with trio.move_on_after(wait) as scope:
+                msg = await ms.receive()
+            if not scope.cancelled_caught:
+                break
+            # a live supervisor that is only slow gets patience; a dead one does not
+            waited += wait
+            if waited >= timing.patience or _lease_holder(layout) is None:
+                raise trio.TooSlowError
+            wait = min(timing.patience_tick, timing.patience - waited)
     except trio.TooSlowError:
         await ms.aclose()
         raise AgentdError(
             ErrorCode.DAEMON_UNAVAILABLE,
-            f"the supervisor on {layout.socket} sent no hello within {timing.hello_timeout}s"
+            f"the supervisor on {layout.socket} sent no hello within {waited:g}s"
             ' — run "trio-agentd doctor --fix"',
             {"wedged": True},
         ) from None

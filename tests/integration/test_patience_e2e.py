@@ -87,3 +87,32 @@ def test_cli_prints_no_progress_for_a_healthy_supervisor(denv: DaemonEnv) -> Non
     cp = denv.run("-p", "hi")
     assert cp.returncode == 0
     assert cp.stderr == ""
+
+
+async def test_the_trio_client_waits_for_a_paused_supervisor_too(denv: DaemonEnv) -> None:
+    import trio
+
+    import trio_agentd
+
+    assert denv.prompt("warm") == "[echo turn 1] warm"
+    sup = int(denv.owner()["pid"])
+    os.kill(sup, signal.SIGSTOP)
+    try:
+        async with trio.open_nursery() as nursery:
+            answers: list[str] = []
+
+            async def prompt() -> None:
+                async with trio_agentd.open_client(
+                    denv.socket, home=str(denv.home), registry=str(denv.registry),
+                    autostart=False,
+                ) as client:
+                    answers.append(await client.prompt("default", "again"))
+
+            nursery.start_soon(prompt)
+            # past the hello timeout the client is still waiting, not failing
+            await trio.sleep(2.0)  # the pause under test, not a wait for an event
+            assert answers == []
+            os.kill(sup, signal.SIGCONT)
+    finally:
+        os.kill(sup, signal.SIGCONT)
+    assert answers == ["[echo turn 2] again\n"]
