@@ -156,6 +156,10 @@ class Registry:
     # mutations (under the guard) --------------------------------------------------------
     @contextlib.asynccontextmanager
     async def guard(self, timing: Timing = DEFAULT_TIMING) -> AsyncIterator[None]:
+        if not self.root.is_dir():
+            # deleted under us (a cleaner): made again, as the owner record it guards is
+            log.warning("ownership registry %s was removed; made it again", self.root)
+            self.ensure()
         async with _fs.locked(self.guard_path, poll=timing.lock_poll):
             yield
 

@@ -422,6 +422,7 @@ class Supervisor:
                           self.generation)
                 self.request_shutdown(stop_workers=False)
                 return
+            self._heal_state()
             if self._listen_sock is not None and not self._socket_intact():
                 try:
                     self._rebind()
@@ -430,6 +431,44 @@ class Supervisor:
                     if str(exc) != bind_error:
                         log.error("could not bind %s again: %s", self.layout.socket, exc)
                     bind_error = str(exc)
+
+    def _heal_state(self) -> None:
+        """Dirs a cleaner deleted under a live supervisor are made again and their files
+        written again from memory: descriptors and tokens (the next supervisor adopts from
+        them), this generation's proof of home, each session's metadata. One stat per dir per
+        tick when nothing is missing; logged once per heal."""
+        L = self.layout
+        try:
+            healed: list[str] = []
+            for d in (L.state_dir, L.journal_dir):
+                if not d.is_dir():
+                    _fs.ensure_dir(d)
+                    healed.append(str(d))
+            mine = L.generations_dir / self.generation
+            if not mine.is_dir():
+                _fs.ensure_dir(mine)
+                healed.append(str(mine))
+            if not L.workers_dir.is_dir():
+                _fs.ensure_dir(L.workers_dir)
+                healed.append(str(L.workers_dir))
+                for h in list(self.sessions.values()):
+                    if h.token is not None:
+                        _fs.atomic_write(L.token_path(h.session_id), h.token.encode())
+                    self.ops.persist(h)
+            for h in list(self.sessions.values()):
+                session_dir = L.session_dir(h.session_id)
+                if not session_dir.is_dir():
+                    write_meta(session_dir, {
+                        "session": h.session_id, "agent": h.agent, "cwd": h.cwd,
+                        "created_at": h.created_at, "socket": L.socket,
+                        **({"env": h.env} if h.env is not None else {})})
+                    healed.append(str(session_dir))
+        except (OSError, AgentdError) as exc:
+            self.rl.error(("heal", str(exc)), "could not make the state dirs again: %s", exc)
+            return
+        if healed:
+            log.warning("state removed under the running supervisor; made again from memory:"
+                        " %s", ", ".join(healed))
 
     async def _idle_sweep_loop(self) -> None:
         """Stop the workers of idle sessions (SPEC §6); transcripts and descriptors stay."""
