@@ -128,9 +128,52 @@ def _descriptors(home: Path) -> list[dict[str, Any]]:
     return out
 
 
+def daemon_socket_of(argv: list[str]) -> str | None:
+    """The socket a ``trio_agentd … daemon`` command line serves (``--socket``), or ``None``
+    if it is not a supervisor's command line (or names no socket). Pure."""
+    try:
+        at = argv.index("-m")
+    except ValueError:
+        return None
+    args = argv[at + 1 :]
+    if not args or args[0] != "trio_agentd" or "daemon" not in args:
+        return None
+    for flag in ("--socket", "--daemon-socket"):
+        if flag in args[:-1]:
+            return args[args.index(flag) + 1]
+        for arg in args:
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def scanned_sockets() -> list[str]:
+    """Sockets of this user's running supervisors, from their command lines: the last line of
+    discovery, for a supervisor that lost every file that names it."""
+    out: list[str] = []
+    uid = os.getuid()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid != uid:
+                    continue
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+            sock = daemon_socket_of(argv)
+            if sock is not None:
+                out.append(sock)
+    return out
+
+
 def discover(layout: Layout) -> list[str]:
-    """Every socket a supervisor of this user may be on (SPEC §9 discovery)."""
+    """Every socket a supervisor of this user may be on: records, scopes, descriptors, the
+    default socket dir, and last the command lines of this user's running supervisors."""
     sockets = {layout.socket}
+    sockets.update(scanned_sockets())
     sockets.update(r.socket for r in _records(layout.registry))
     sockets.update(_scoped_sockets(layout.registry))
     sockets.update(str(d["socket"]) for d in _descriptors(layout.home) if d.get("socket"))

@@ -31,3 +31,34 @@ def test_deleted_state_and_registry_are_made_again_and_adoption_still_works(
     os.kill(int(denv.owner()["pid"]), signal.SIGKILL)
     assert denv.prompt("two", session="w") == "[echo turn 2] two"
     assert next(d["pid"] for d in denv.descriptors() if d["session"] == "w") == worker
+
+
+def test_ps_finds_a_supervisor_that_lost_every_file_by_its_command_line(
+    denv: DaemonEnv,
+) -> None:
+    import json
+
+    other = denv.socket_at("other.sock")
+    timing = json.dumps({"self_check_interval": 3600})  # no healing: every file stays lost
+    p = denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
+    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
+    shutil.rmtree(denv.registry)
+    shutil.rmtree(denv.home / "daemons")
+    cp = denv.run("ps", "--json")
+    assert cp.returncode == 0, cp.stderr
+    rows = {r["socket"]: r for r in json.loads(cp.stdout)}
+    assert other in rows
+    assert rows[other]["pid"] == p.pid
+
+
+def test_a_command_line_names_its_socket() -> None:
+    from trio_agentd._doctor import daemon_socket_of
+
+    py = "/usr/bin/python3"
+    assert daemon_socket_of([py, "-E", "-P", "-m", "trio_agentd", "--socket", "/s/d.sock",
+                             "--home", "/h", "daemon", "--autostarted"]) == "/s/d.sock"
+    assert daemon_socket_of([py, "-m", "trio_agentd", "--socket=/x.sock", "daemon"]) == "/x.sock"
+    assert daemon_socket_of([py, "-m", "trio_agentd.worker"]) is None
+    assert daemon_socket_of([py, "-m", "trio_agentd", "-p", "hi"]) is None
+    assert daemon_socket_of(["trio-agentd", "daemon"]) is None  # the default socket: known
+    assert daemon_socket_of([py, "-m", "trio_agentd", "daemon", "--socket"]) is None
