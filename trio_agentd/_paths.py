@@ -88,11 +88,14 @@ class Layout:
     ``dataclasses``, ``pathlib`` or ``platformdirs``.
     """
 
-    __slots__ = ("_home", "_registry", "socket")
+    __slots__ = ("_home", "_registry", "home_source", "socket")
 
     socket: str
     _home: str | None
     _registry: str | None
+    # what set the home explicitly ("--home", "TRIO_AGENTD_HOME", "home="; set by ``resolve``),
+    # None otherwise: only an explicit home is checked against the home a supervisor serves
+    home_source: str | None
 
     def __init__(
         self,
@@ -100,8 +103,10 @@ class Layout:
         home: str | os.PathLike[str] | None,
         socket: str,
         registry: str | os.PathLike[str] | None,
+        home_source: str | None = None,
     ) -> None:
         object.__setattr__(self, "socket", socket)
+        object.__setattr__(self, "home_source", home_source)
         object.__setattr__(self, "_home", None if home is None else os.fspath(home))
         object.__setattr__(self, "_registry", None if registry is None else os.fspath(registry))
 
@@ -112,16 +117,42 @@ class Layout:
         socket: str | os.PathLike[str] | None = None,
         home: str | os.PathLike[str] | None = None,
         registry: str | os.PathLike[str] | None = None,
+        home_flag: str = "--home",
     ) -> Layout:
-        """Flags first, then the environment, then the defaults of SPEC §3."""
+        """Flags first, then the environment, then the defaults of SPEC §3.
+
+        ``home_flag`` names the explicit ``home`` in errors (``--home`` for the CLI)."""
         env_home = os.environ.get("TRIO_AGENTD_HOME")
         env_registry = os.environ.get("TRIO_AGENTD_REGISTRY_DIR")
+        source = home_flag if home is not None else ("TRIO_AGENTD_HOME" if env_home else None)
         home = home if home is not None else (env_home or None)
         registry = registry if registry is not None else (env_registry or None)
         return cls(
             home=None if home is None else os.path.abspath(home),
             socket=normalize_socket_path(socket) if socket is not None else default_socket(),
             registry=None if registry is None else os.path.abspath(registry),
+            home_source=source,
+        )
+
+    def check_served_home(self, served: object) -> None:
+        """Refuse a supervisor that serves another home than the one set explicitly here.
+
+        ``served`` is the ``home`` of its hello (absent from an older supervisor's: no check).
+
+        Raises:
+            AgentdError: ``config``, naming both homes and what set ours.
+        """
+        if self.home_source is None or not isinstance(served, str) or not served:
+            return
+        mine = str(self.home)
+        if mine == served or os.path.realpath(mine) == os.path.realpath(served):
+            return
+        raise AgentdError(
+            ErrorCode.CONFIG,
+            f"the supervisor on {self.socket} serves home {served}, not {mine} (set by"
+            f" {self.home_source}) — one socket serves one home: use the supervisor's home,"
+            " or another --socket for this one",
+            {"served_home": served, "home": mine},
         )
 
     @property

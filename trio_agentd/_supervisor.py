@@ -593,6 +593,7 @@ class Supervisor:
             start_id=self.start_id,
             socket=self.layout.socket,
             capabilities=CAPABILITIES,
+            home=str(self.layout.home),
         )
 
     async def _serve_client(self, stream: trio.SocketStream) -> None:
