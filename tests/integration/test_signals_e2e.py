@@ -3,9 +3,11 @@ what docs/operations.md's table says."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
+from collections.abc import Callable
 
 import pytest
 
@@ -16,6 +18,14 @@ def _rows(env: DaemonEnv) -> dict[str, dict[str, object]]:
     cp = env.run("sessions", "--json")
     assert cp.returncode == 0, cp.stderr
     return {str(r["session"]): r for r in json.loads(cp.stdout)}
+
+
+def _gone(env: DaemonEnv, pid: int) -> bool:
+    return pid not in env.our_pids()
+
+
+def _logged(line: str, text: Callable[[], str]) -> bool:
+    return line in text()
 
 
 def _worker_log(env: DaemonEnv, session: str) -> str:
@@ -30,7 +40,7 @@ def test_an_operators_stop_signal_to_a_worker_is_a_clean_stop_not_a_crash(
     for turn in range(2, 6):  # more often than the restart intensity allows crashes
         pid = int(str(_rows(denv)["w"]["pid"]))
         os.kill(pid, sig)
-        wait_for(lambda p=pid: p not in denv.our_pids(), timeout=20, what="the worker to exit")
+        wait_for(functools.partial(_gone, denv, pid), timeout=20, what="the worker to exit")
         wait_for(lambda: _rows(denv)["w"]["state"] == "stopped", timeout=20,
                  what="the session to be stopped")
         row = _rows(denv)["w"]
@@ -49,7 +59,8 @@ def test_other_signals_to_a_worker_are_logged_and_ignored(denv: DaemonEnv) -> No
     pid = int(str(_rows(denv)["w"]["pid"]))
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
         os.kill(pid, sig)
-        wait_for(lambda s=sig: f"signal {s.name}: ignored" in _worker_log(denv, "w"),
+        line = f"signal {sig.name}: ignored"
+        wait_for(functools.partial(_logged, line, lambda: _worker_log(denv, "w")),
                  timeout=20, what=f"the worker to log {sig.name}")
     assert denv.prompt("two", session="w") == "[echo turn 2] two"
     row = _rows(denv)["w"]
@@ -64,8 +75,8 @@ def test_other_signals_to_the_supervisor_are_logged_and_ignored_quit_stops_it(
     worker = int(str(_rows(denv)["w"]["pid"]))
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
         os.kill(sup, sig)
-        wait_for(lambda s=sig: f"signal {s.name}: ignored" in denv.log_text(), timeout=20,
-                 what=f"the supervisor to log {sig.name}")
+        wait_for(functools.partial(_logged, f"signal {sig.name}: ignored", denv.log_text),
+                 timeout=20, what=f"the supervisor to log {sig.name}")
     assert denv.prompt("two", session="w") == "[echo turn 2] two"
     assert int(denv.owner()["pid"]) == sup
     os.kill(sup, signal.SIGQUIT)
