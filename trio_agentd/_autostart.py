@@ -43,7 +43,15 @@ def spawn_daemon(
     from ._fs import ensure_dir, open_trusted
     from ._trust import isolated_python
 
-    ensure_dir(layout.state_dir)
+    try:
+        ensure_dir(layout.state_dir)
+    except AgentdError as exc:
+        if exc.code != ErrorCode.CONFIG:
+            raise
+        raise AgentdError(
+            exc.code, f"{exc.message} (the home {layout.home} comes from"
+            f" {layout.home_origin()}; --home and TRIO_AGENTD_HOME choose another)", exc.details,
+        ) from None
     log_fd = open_trusted(layout.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     # the daemon's own variables name this layout; nothing internal is left for its agents
     env = {k: v for k, v in os.environ.items() if k not in _INTERNAL_ENV}
@@ -106,6 +114,9 @@ def autostart_and_wait(layout: Layout, timing: Timing | ClientTiming = CLIENT) -
     # starting at once does not start a crowd of supervisors that all but one lose
     from ._trust import make_private_dirs
 
+    problem = layout.home_problem()
+    if problem is not None:  # the supervisor could not start: say why and what to set
+        raise problem
     # a fresh machine has no socket dir yet; one that fails the proof is refused, never reused
     make_private_dirs(layout.socket_dir, private=True)
     lock_path = layout.socket + ".autostart"

@@ -625,6 +625,11 @@ async def _connect(layout: Layout, timing: Timing, *, autostart: bool) -> _Conne
             f"the supervisor speaks protocol {hello.protocol} (app {hello.app_version}), this"
             f" client speaks {PROTOCOL_VERSION} — run `trio-agentd restart`",
         )
+    try:
+        layout.check_served_home(hello.home)
+    except AgentdError:
+        await ms.aclose()
+        raise
     return _Connection(ms, hello)
 
 
@@ -645,7 +650,7 @@ async def open_client(
 
     Cancellation: the connection is closed; a supervisor autostarted for us keeps running.
     """
-    layout = Layout.resolve(socket=socket, home=home, registry=registry)
+    layout = Layout.resolve(socket=socket, home=home, registry=registry, home_flag="home=")
     check_socket_path(layout.socket)
     first = await _connect(layout, timing, autostart=autostart)
     with single_errors():

@@ -45,6 +45,9 @@ class ErrorCode(StrEnum):
     # the daemon ran out of a resource for this one request (open files, processes, memory, a
     # cap on connections or sessions); it keeps serving, and a retry later may succeed
     RESOURCE_EXHAUSTED = "resource_exhausted"
+    # worker to supervisor (a ``dropped`` frame), not on the public wire: the worker stopped
+    # cleanly on its own (an operator's TERM/INT/HUP/QUIT): a stop, not a crash to respawn
+    WORKER_STOPPED = "worker_stopped"
 
 
 @contextlib.contextmanager

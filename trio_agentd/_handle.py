@@ -501,9 +501,14 @@ class WorkerHandle:
                 await link.aclose()
                 self.unresponsive = link.unresponsive
                 self._note("link lost" if link.unresponsive is None else "worker unresponsive")
+                clean = link.drop_code == ErrorCode.WORKER_STOPPED
+                if clean:
+                    log.info("session %s: worker pid %s %s — the session is stopped, not"
+                             " restarted; its next prompt starts it", self.session_id,
+                             self.pid, link.drop_reason)
                 # (liveness treats a process that is already exiting as dead: a killed
                 # worker's socket closes a moment before it becomes a zombie)
-                return LinkLost(alive=self.ops.alive(self))
+                return LinkLost(alive=self.ops.alive(self), clean_stop=clean)
             case Stop(graceful=graceful):
                 link = self.link
                 evict = self.state.stop_reason is StopReason.EVICT and link is not None

@@ -1,7 +1,8 @@
 """Process identity: a start id that names one incarnation, liveness, identity-checked signals.
 
 A pid alone is not an identity: pids are reused. SPEC §4 pairs it with a *start id* (on Linux the
-boot id plus the start time in clock ticks from ``/proc/<pid>/stat``; elsewhere psutil's create
+boot id plus the start time in clock ticks from ``/proc/<pid>/stat``, less the boottime offset
+of the observer's time namespace, so every observer names a process alike; elsewhere psutil's create
 time). A process "is alive" only when its pid exists and its start id still matches. A process
 whose identity cannot be read counts as alive but is never signalled.
 """
@@ -20,20 +21,55 @@ def _linux_boot_id() -> str:
     global _boot_id
     if _boot_id is None:
         try:
-            with open("/proc/sys/kernel/random/boot_id") as f:
+            with open(f"{_PROC}/sys/kernel/random/boot_id") as f:
                 _boot_id = f.read().strip()
         except OSError:
             _boot_id = "noboot"
     return _boot_id
 
 
+_boottime_offset_ticks: int | None = None
+_PROC = "/proc"  # tests point it at a fake
+
+
+def _parse_boottime_offset(text: str, ticks_per_second: int) -> int:
+    """The ``boottime`` line of ``/proc/<pid>/timens_offsets`` (``boottime <s> <ns>``), in
+    clock ticks (floored); 0 if absent."""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0] in ("boottime", "7"):  # 7: CLOCK_BOOTTIME
+            total_ns = int(fields[1]) * 1_000_000_000 + int(fields[2])
+            return total_ns * ticks_per_second // 1_000_000_000
+    return 0
+
+
+def _own_boottime_offset_ticks() -> int:
+    """The boottime offset of our time namespace, in clock ticks (0 outside one, or on a kernel
+    without time namespaces). The kernel adds the *reader's* offset to the starttime field of
+    every ``/proc/<pid>/stat`` it shows: subtracting it gives the same id to every observer."""
+    global _boottime_offset_ticks
+    if _boottime_offset_ticks is None:
+        try:
+            with open(f"{_PROC}/self/timens_offsets") as f:
+                text = f.read()
+            _boottime_offset_ticks = _parse_boottime_offset(text, os.sysconf("SC_CLK_TCK"))
+        except (OSError, ValueError):
+            _boottime_offset_ticks = 0
+    return _boottime_offset_ticks
+
+
 def read_start_id(pid: int) -> str | None:
-    """The start id of ``pid``, or ``None`` when no such process (or it cannot be read)."""
+    """The start id of ``pid``, or ``None`` when no such process (or it cannot be read).
+
+    On Linux ``<boot id>:<start time in clock ticks since boot>``, the start time as the host
+    counts it: the boottime offset of the observer's time namespace, which the kernel adds to
+    what ``/proc`` shows, is taken off, so observers in different time namespaces agree (exact
+    for offsets in whole ticks, as ``unshare --boottime`` makes them)."""
     if pid <= 0:
         return None
     if sys.platform.startswith("linux"):
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
+            with open(f"{_PROC}/{pid}/stat", "rb") as f:
                 data = f.read()
         except (FileNotFoundError, ProcessLookupError):
             return None
@@ -43,7 +79,8 @@ def read_start_id(pid: int) -> str | None:
         tail = data[data.rfind(b")") + 2 :].split()
         try:
             # field 22 (starttime) is index 19 after pid and comm are removed
-            return f"{_linux_boot_id()}:{int(tail[19])}"
+            start = int(tail[19]) - _own_boottime_offset_ticks()
+            return f"{_linux_boot_id()}:{start}"
         except (IndexError, ValueError):
             return None
     try:

@@ -40,10 +40,68 @@ def socket_key(normalized_socket: str) -> str:
     return hashlib.sha256(normalized_socket.encode()).hexdigest()[:12]
 
 
+_FIX_HOME = "set --home or TRIO_AGENTD_HOME to a directory you can write, or fix HOME"
+
+
 def _state_root() -> Path:
+    """The per-user state dir (``$XDG_STATE_HOME`` or ``~/.local/state``, then ``trio-agentd``).
+
+    Raises:
+        AgentdError: ``config`` when there is no home to put it in (``HOME`` unset and no
+            passwd entry for this uid: ``~`` stays unexpanded).
+    """
     import platformdirs
 
-    return platformdirs.user_state_path(APP_NAME)
+    home = os.environ.get("HOME")
+    why: str | None = None
+    if home is not None and not os.path.isabs(home):  # "" would make it /.local/state
+        why = f"HOME={home!r} is not an absolute path"
+    try:
+        root = platformdirs.user_state_path(APP_NAME)
+        unexpanded = not root.is_absolute()  # no HOME and no passwd entry: "~" stays
+    except RuntimeError:  # newer platformdirs: "could not determine the home directory"
+        unexpanded = True
+    if why is None and unexpanded:
+        why = f"HOME is unset and uid {os.getuid()} has no home in the passwd database"
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    if why is not None and not os.path.isabs(xdg):
+        raise AgentdError(
+            ErrorCode.CONFIG,
+            f"no directory to keep state in: {why} — {_FIX_HOME}"
+            " (and TRIO_AGENTD_REGISTRY_DIR)",
+            {"home": None},
+        )
+    if unexpanded:  # pragma: no cover - XDG_STATE_HOME absolute: platformdirs used it
+        raise AgentdError(ErrorCode.CONFIG, f"no directory to keep state in — {_FIX_HOME}")
+    return root
+
+
+def _blocker(path: str) -> str | None:
+    """Why ``path`` can neither exist nor be created, judged without creating anything.
+
+    ``None`` if it exists as a directory, or its nearest existing ancestor is a directory we
+    may write in (whether ``mkdir`` then succeeds is only known by trying)."""
+    cur = path
+    while True:
+        try:
+            st = os.stat(cur)
+        except (FileNotFoundError, NotADirectoryError):  # find what is missing, or a file
+            parent = os.path.dirname(cur)
+            if parent == cur:
+                return f"{cur} does not exist"
+            cur = parent
+            continue
+        except OSError as exc:
+            return f"{cur}: {exc.strerror or exc}"
+        import stat
+
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{cur} is not a directory"
+        if cur != path and not os.access(cur, os.W_OK | os.X_OK):
+            return f"{cur} is not writable, so {path} cannot be created"
+        if cur == path and not os.access(cur, os.R_OK | os.X_OK):
+            return f"{cur} is not readable"
+        return None
 
 
 def default_home() -> Path:
@@ -88,11 +146,14 @@ class Layout:
     ``dataclasses``, ``pathlib`` or ``platformdirs``.
     """
 
-    __slots__ = ("_home", "_registry", "socket")
+    __slots__ = ("_home", "_registry", "home_source", "socket")
 
     socket: str
     _home: str | None
     _registry: str | None
+    # what set the home explicitly ("--home", "TRIO_AGENTD_HOME", "home="; set by ``resolve``),
+    # None otherwise: only an explicit home is checked against the home a supervisor serves
+    home_source: str | None
 
     def __init__(
         self,
@@ -100,8 +161,10 @@ class Layout:
         home: str | os.PathLike[str] | None,
         socket: str,
         registry: str | os.PathLike[str] | None,
+        home_source: str | None = None,
     ) -> None:
         object.__setattr__(self, "socket", socket)
+        object.__setattr__(self, "home_source", home_source)
         object.__setattr__(self, "_home", None if home is None else os.fspath(home))
         object.__setattr__(self, "_registry", None if registry is None else os.fspath(registry))
 
@@ -112,16 +175,78 @@ class Layout:
         socket: str | os.PathLike[str] | None = None,
         home: str | os.PathLike[str] | None = None,
         registry: str | os.PathLike[str] | None = None,
+        home_flag: str = "--home",
     ) -> Layout:
-        """Flags first, then the environment, then the defaults of SPEC §3."""
+        """Flags first, then the environment, then the defaults of SPEC §3.
+
+        ``home_flag`` names the explicit ``home`` in errors (``--home`` for the CLI)."""
         env_home = os.environ.get("TRIO_AGENTD_HOME")
         env_registry = os.environ.get("TRIO_AGENTD_REGISTRY_DIR")
+        source = home_flag if home is not None else ("TRIO_AGENTD_HOME" if env_home else None)
         home = home if home is not None else (env_home or None)
         registry = registry if registry is not None else (env_registry or None)
         return cls(
             home=None if home is None else os.path.abspath(home),
             socket=normalize_socket_path(socket) if socket is not None else default_socket(),
             registry=None if registry is None else os.path.abspath(registry),
+            home_source=source,
+        )
+
+    def home_origin(self) -> str:
+        """What chose the home, for errors: the flag or variable to fix."""
+        if self.home_source is not None:
+            return self.home_source
+        if os.environ.get("XDG_STATE_HOME"):
+            return f"XDG_STATE_HOME={os.environ['XDG_STATE_HOME']}"
+        return f"HOME={os.environ['HOME']}" if "HOME" in os.environ else "HOME (unset)"
+
+    def home_problem(self) -> AgentdError | None:
+        """An error naming the cause and the fix if the home or the registry cannot be used
+        (cannot exist, nor be created); ``None`` otherwise. Creates nothing."""
+        try:
+            home = str(self.home)
+            registry = str(self.registry)
+        except AgentdError as exc:
+            return exc
+        for what, path, fix in (
+            ("home", home, f"{_FIX_HOME}"),
+            ("ownership registry", registry,
+             "set TRIO_AGENTD_REGISTRY_DIR to a directory you can write, or fix HOME"),
+        ):
+            why = _blocker(path)
+            if why is None:
+                continue
+            if what == "home" and self.home_source is not None:
+                fix = f"set {self.home_source} to a directory you can write"
+            elif what == "home":
+                fix = f"{fix} (the home comes from {self.home_origin()})"
+            elif self._registry is not None and os.environ.get("TRIO_AGENTD_REGISTRY_DIR"):
+                fix = "set TRIO_AGENTD_REGISTRY_DIR to a directory you can write"
+            return AgentdError(
+                ErrorCode.CONFIG, f"cannot use {path} as the {what}: {why} — {fix}",
+                {"path": path},
+            )
+        return None
+
+    def check_served_home(self, served: object) -> None:
+        """Refuse a supervisor that serves another home than the one set explicitly here.
+
+        ``served`` is the ``home`` of its hello (absent from an older supervisor's: no check).
+
+        Raises:
+            AgentdError: ``config``, naming both homes and what set ours.
+        """
+        if self.home_source is None or not isinstance(served, str) or not served:
+            return
+        mine = str(self.home)
+        if mine == served or os.path.realpath(mine) == os.path.realpath(served):
+            return
+        raise AgentdError(
+            ErrorCode.CONFIG,
+            f"the supervisor on {self.socket} serves home {served}, not {mine} (set by"
+            f" {self.home_source}) — one socket serves one home: use the supervisor's home,"
+            " or another --socket for this one",
+            {"served_home": served, "home": mine},
         )
 
     @property

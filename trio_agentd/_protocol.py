@@ -60,6 +60,8 @@ class Hello(_Msg, tag="hello"):
     start_id: str | None
     socket: str
     capabilities: list[str] = msgspec.field(default_factory=list)
+    # the home (state dir) this supervisor serves; None from a supervisor older than the field
+    home: str | None = None
 
 
 class Request(_Msg, tag="request", forbid_unknown_fields=True):

@@ -87,6 +87,8 @@ class ConnectFailed:
 @dataclass(frozen=True, slots=True)
 class LinkLost:
     alive: bool
+    # the worker said it stopped cleanly (an operator's signal): a stop, never a crash
+    clean_stop: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,9 +237,14 @@ def decide(
                 replace(state, mode=Mode.READY, attempts=0, rounds=0, deferred=Pending.NONE),
                 Serve(),
             )
-        case LinkLost(alive=alive):
+        case LinkLost(alive=alive, clean_stop=clean_stop):
             if state.stop_wanted:
                 return _stop(state, timing, admission_held, graceful=False)
+            if clean_stop:
+                # stopped by an operator's signal, and said so: make sure it is gone, then the
+                # session is stopped (restarts unchanged); the next prompt starts it again
+                return _stop(replace(state, stop_wanted=True, stop_reason=StopReason.NONE),
+                             timing, admission_held, graceful=False)
             if not alive:
                 return _respawn(state, now, timing, admission_held)
             return _next_reconnect(replace(state, attempts=0, rounds=0), timing, admission_held)

@@ -100,6 +100,11 @@ class SupervisorConfig:
         return Layout.resolve(socket=self.socket, home=self.home, registry=self.registry)
 
 
+SUPERVISOR_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+SUPERVISOR_SIGNALS = (*sorted(SUPERVISOR_STOP_SIGNALS), signal.SIGUSR1, signal.SIGUSR2,
+                      signal.SIGALRM)
+
+
 def _self_heal_from_env() -> bool:
     return os.environ.get("TRIO_AGENTD_SELF_HEAL", "1").strip().lower() not in ("0", "false", "no")
 
@@ -496,10 +501,19 @@ class Supervisor:
                 h.request_stop(graceful=True, reason=StopReason.EVICT)
 
     async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+        """Every signal that would otherwise end the supervisor without a word is handled and
+        logged (docs/operations.md has the table): TERM, INT, HUP and QUIT stop it (workers
+        left running, to be adopted by the next supervisor); USR1, USR2 and ALRM are
+        ignored."""
+        with trio.open_signal_receiver(*SUPERVISOR_SIGNALS) as sigs:
             async for signum in sigs:
-                log.info("signal %s: stopping, workers left running", signal.Signals(signum).name)
-                self.request_shutdown(stop_workers=False)
+                name = signal.Signals(signum).name
+                if signum in SUPERVISOR_STOP_SIGNALS:
+                    log.info("signal %s: stopping, workers left running", name)
+                    self.request_shutdown(stop_workers=False)
+                else:
+                    log.warning("signal %s: ignored (TERM, INT, HUP or QUIT stop the"
+                                " supervisor)", name)
 
     # sessions -------------------------------------------------------------------------------
     def _load_descriptors(self) -> None:
@@ -632,6 +646,7 @@ class Supervisor:
             start_id=self.start_id,
             socket=self.layout.socket,
             capabilities=CAPABILITIES,
+            home=str(self.layout.home),
         )
 
     async def _serve_client(self, stream: trio.SocketStream) -> None:

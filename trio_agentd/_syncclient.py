@@ -287,6 +287,11 @@ class SyncClient:
                 f" (app {self.hello.get('app_version')}), this client speaks {PROTOCOL_VERSION}"
                 " — run `trio-agentd restart`",
             )
+        try:
+            self.layout.check_served_home(self.hello.get("home"))
+        except AgentdError:
+            self.close()
+            raise
         return self.hello
 
     def _autostart(self) -> tuple[_Conn, dict[str, Any]] | None:

@@ -508,6 +508,17 @@ class WorkerCore:
         self.stop_requested.set()
         return {"stopping": True}
 
+    async def announce_stopped(self, why: str) -> None:
+        """Tell every supervisor connection this worker stopped cleanly on its own (an
+        operator's signal), so its exit is a stop, not a crash toward the restart limit."""
+        for conn in list(self.conns):
+            if conn.direct or conn.dropped:
+                continue
+            conn.dropped = True
+            with trio.move_on_after(self.timing.drop_notice_timeout):
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await conn.ms.send(Dropped(code=ErrorCode.WORKER_STOPPED, message=why))
+
     def _recover_pending(self) -> None:
         if self.journal is None:
             return
@@ -1300,11 +1311,20 @@ async def run_worker(
     bound_ino = os.stat(path).st_ino
     listener = trio.SocketListener(sock)
     on_ready()
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    stopped_by: list[str] = []
+    with trio.open_signal_receiver(*WORKER_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
 
             async def on_signal() -> None:
-                async for _ in signals:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if signum not in WORKER_STOP_SIGNALS:
+                        log.warning("signal %s: ignored (TERM, INT, HUP or QUIT stop a worker)",
+                                    name)
+                        continue
+                    log.info("signal %s: stopping cleanly (turns in progress may finish)", name)
+                    if not stopped_by:
+                        stopped_by.append(name)
                     core.stop_requested.set()
 
             async def accept() -> None:
@@ -1329,6 +1349,8 @@ async def run_worker(
             nursery.start_soon(on_signal)
             nursery.start_soon(accept)
             await core.serve()
+            if stopped_by:  # an operator's signal: a clean stop, which the supervisor is told
+                await core.announce_stopped(f"stopped cleanly on signal {stopped_by[0]}")
             nursery.cancel_scope.cancel()
     transcript.sync()
     transcript.close()
@@ -1338,6 +1360,13 @@ async def run_worker(
     except OSError:
         pass
     journal.close()
+
+
+# what a worker does on each signal it handles (docs/operations.md has the table): these stop it
+# cleanly (exit 0, reported to its supervisor: a stop, not a crash), the others are logged and
+# ignored. Anything else (KILL, SEGV, ...) ends it: a crash, respawned within the restart limit.
+WORKER_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+WORKER_SIGNALS = (*sorted(WORKER_STOP_SIGNALS), signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
 
 
 def main() -> None:

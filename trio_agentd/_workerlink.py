@@ -44,6 +44,7 @@ class WorkerLink:
         self._pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
         self.closed = trio.Event()
         self.drop_reason: str | None = None
+        self.drop_code: str | None = None  # the code of the worker's ``dropped`` frame
         self.on_notice: Callable[[Notice], None] = lambda _n: None
         self.silence = Silence()
         # when the ping the worker never answered was sent (the link was closed for it)
@@ -70,7 +71,9 @@ class WorkerLink:
                     self.on_notice(msg)
                 elif isinstance(msg, Dropped):
                     self.drop_reason = msg.message
-                    log.warning("worker %s dropped us: %s", self.hello.session, msg.message)
+                    self.drop_code = msg.code
+                    if msg.code != ErrorCode.WORKER_STOPPED:
+                        log.warning("worker %s dropped us: %s", self.hello.session, msg.message)
                     break
         except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
             pass

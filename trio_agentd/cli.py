@@ -584,6 +584,9 @@ def _cmd_ps(layout: Layout, args: argparse.Namespace) -> int:
     from ._doctor import survey
     from ._report import print_table
 
+    if (problem := layout.home_problem()) is not None:
+        raise problem  # it could not look: not "no supervisor found" and exit 0
+
     found = survey(layout)
     if args.json:
         print(json.dumps([f.as_json() for f in found]))
@@ -595,6 +598,8 @@ def _cmd_ps(layout: Layout, args: argparse.Namespace) -> int:
 def _cmd_doctor(layout: Layout, args: argparse.Namespace) -> int:
     from ._report import run_doctor
 
+    if (problem := layout.home_problem()) is not None:
+        raise problem  # it could not look: not "nothing found" and exit 0
     return run_doctor(layout, fix=args.fix and not args.dry_run, dry_run=args.dry_run,
                       as_json=args.json)
 

@@ -408,3 +408,15 @@ def test_linebuffer_over_limit_line_always_raises_as_soon_as_known(
         assert got == before[: sum(1 for e in newline_ends if e <= end)]
     else:
         raise AssertionError("the stream never reached the limit")
+
+
+def test_hello_carries_the_home_and_an_older_hello_without_it_still_decodes() -> None:
+    old = decode(b'{"type":"hello","protocol":1,"app_version":"0.1.0","generation":"g",'
+                 b'"pid":1,"start_id":null,"socket":"/s"}')
+    assert isinstance(old, Hello)
+    assert old.home is None
+    new = Hello(protocol=1, app_version="0.1.0", generation="g", pid=1, start_id=None,
+                socket="/s", home="/h")
+    frame = encode(new)
+    assert b'"home":"/h"' in frame
+    assert decode(frame[:-1]) == new

@@ -624,3 +624,30 @@ def test_a_crash_loop_fails_exactly_when_a_sixth_respawn_would_fall_in_the_windo
         accepted.append(now)
         assert state.restarts_total == len(accepted)
         assert state.respawns == (*recent, now)
+
+
+@pytest.mark.parametrize("alive", [False, True])
+@pytest.mark.parametrize("held", [False, True])
+def test_a_worker_that_stopped_cleanly_on_a_signal_is_stopped_not_respawned(
+    alive: bool, held: bool
+) -> None:
+    # an operator's TERM/INT/HUP/QUIT: the worker says so before its link closes; it is made
+    # sure gone (never deferred by a shutdown admission), then the session is stopped with its
+    # restarts unchanged, however often it happens; the next prompt starts it, uncounted
+    state = replace(READY, restarts_total=2, respawns=(0.5,))
+    for i in range(T.restart_intensity + 2):
+        state, action = step(state, LinkLost(alive=alive, clean_stop=True), 1.0 + i, held=held)
+        assert action == Stop(graceful=False)
+        assert state.mode is Mode.STOPPING
+        state, action = step(state, Stopped(confirmed=True), 1.0 + i, held=held)
+        assert action == Idle()
+        assert state.mode is Mode.STOPPED
+        assert (state.restarts_total, state.respawns) == (2, (0.5,))
+        state, action = step(state, Demand(), 1.5 + i)
+        assert action == SPAWN
+        assert state.restarts_total == 2
+        state, _ = step(state, Spawned(), 1.5 + i)
+    # without the worker's word, the same exit is a crash: respawned and counted
+    state, action = step(state, LinkLost(alive=False), 10.0)
+    assert action == SPAWN
+    assert state.restarts_total == 3
