@@ -128,17 +128,8 @@ def _descriptors(home: Path) -> list[dict[str, Any]]:
     return out
 
 
-def daemon_socket_of(argv: list[str]) -> str | None:
-    """The socket a ``trio_agentd … daemon`` command line serves (``--socket``), or ``None``
-    if it is not a supervisor's command line (or names no socket). Pure."""
-    try:
-        at = argv.index("-m")
-    except ValueError:
-        return None
-    args = argv[at + 1 :]
-    if not args or args[0] != "trio_agentd" or "daemon" not in args:
-        return None
-    for flag in ("--socket", "--daemon-socket"):
+def _flag(args: list[str], *names: str) -> str | None:
+    for flag in names:
         if flag in args[:-1]:
             return args[args.index(flag) + 1]
         for arg in args:
@@ -147,11 +138,37 @@ def daemon_socket_of(argv: list[str]) -> str | None:
     return None
 
 
-def scanned_sockets() -> list[str]:
-    """Sockets of this user's running supervisors, from their command lines: the last line of
-    discovery, for a supervisor that lost every file that names it."""
+def daemon_socket_of(argv: list[str]) -> str | None:
+    """The socket a ``trio_agentd … daemon`` command line serves (``--socket``), or ``None``
+    if it is not a supervisor's command line (or names no socket). Pure."""
+    args = _daemon_args(argv)
+    return None if args is None else _flag(args, "--socket", "--daemon-socket")
+
+
+def daemon_home_of(argv: list[str]) -> str | None:
+    """The ``--home`` a supervisor's command line names, if any. Pure."""
+    args = _daemon_args(argv)
+    return None if args is None else _flag(args, "--home")
+
+
+def _daemon_args(argv: list[str]) -> list[str] | None:
+    try:
+        at = argv.index("-m")
+    except ValueError:
+        return None
+    args = argv[at + 1 :]
+    if not args or args[0] != "trio_agentd" or "daemon" not in args:
+        return None
+    return args
+
+
+def scanned_sockets(home: Path) -> list[str]:
+    """Sockets of this user's running supervisors of ``home``, from their command lines: the
+    last line of discovery, for a supervisor that lost every file that names it. (A supervisor
+    started without ``--home`` is counted by the ``TRIO_AGENTD_HOME`` it runs with.)"""
     out: list[str] = []
     uid = os.getuid()
+    want = os.path.normpath(str(home))
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
             if not name.isdigit():
@@ -164,16 +181,30 @@ def scanned_sockets() -> list[str]:
             except OSError:
                 continue  # gone meanwhile, or not ours to read
             sock = daemon_socket_of(argv)
-            if sock is not None:
+            if sock is None:
+                continue
+            its_home = daemon_home_of(argv) or _environ_home(name)
+            if its_home is not None and os.path.normpath(its_home) == want:
                 out.append(sock)
     return out
+
+
+def _environ_home(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(b"TRIO_AGENTD_HOME="):
+                    return entry.split(b"=", 1)[1].decode(errors="replace")
+    except OSError:
+        return None
+    return None
 
 
 def discover(layout: Layout) -> list[str]:
     """Every socket a supervisor of this user may be on: records, scopes, descriptors, the
     default socket dir, and last the command lines of this user's running supervisors."""
     sockets = {layout.socket}
-    sockets.update(scanned_sockets())
+    sockets.update(scanned_sockets(layout.home))
     sockets.update(r.socket for r in _records(layout.registry))
     sockets.update(_scoped_sockets(layout.registry))
     sockets.update(str(d["socket"]) for d in _descriptors(layout.home) if d.get("socket"))
