@@ -248,6 +248,14 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
     return hit
 
 
+def group_members(group: GroupIdentity) -> list[int]:
+    """The live (non-zombie) processes of a group, leader included, while its leader is still
+    the recorded incarnation; else none (see :func:`kill_group_members`)."""
+    if read_start_id(group.pid) != group.start_id:
+        return []
+    return sorted(kill_group_members(group, 0))
+
+
 def peer_credentials(stream: object) -> tuple[int, int] | None:
     """``(pid, uid)`` of the peer of a Unix-socket stream (SO_PEERCRED), or ``None``."""
     import socket as _socket

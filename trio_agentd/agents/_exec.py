@@ -279,7 +279,7 @@ class _GroupRun:
                 os.write(write_end, _GATE)  # an empty pipe has room: never blocks
                 os.close(write_end)
             # else the feeder writes the gate line ahead of the prompt
-        except BaseException as exc:
+        except Exception as exc:  # no checkpoint above: never Cancelled
             # nothing of the agent ran (the gate still waits): kill the group now, while its
             # pid is still held by the unreaped leader, and give up
             _signal_group(proc.pid, signal.SIGKILL)
@@ -478,20 +478,26 @@ async def stop_orphan_group(group: GroupIdentity, *, grace: float = ORPHAN_GRACE
     """
     if not signal_group_identity_checked(group.pgid, group.pid, group.start_id, signal.SIGTERM):
         return "gone"
-    with trio.move_on_after(grace):
-        while _members_running(group):
-            await trio.sleep(_ORPHAN_POLL)
+    if await _gone_within(group, grace):
         return "stopped"
     # the leader is the group's identity: while it runs, the whole group; once it is gone,
     # the members still in its group and session, each pinned by a pidfd
     if not signal_group_identity_checked(group.pgid, group.pid, group.start_id,
                                          signal.SIGKILL):
         kill_group_members(group, signal.SIGKILL)
-    with trio.move_on_after(_REAP_BOUND):
-        while _members_running(group):
-            await trio.sleep(_ORPHAN_POLL)
-        return "killed"
-    return "alive"
+    return "killed" if await _gone_within(group, _REAP_BOUND) else "alive"
+
+
+async def _gone_within(group: GroupIdentity, seconds: float) -> bool:
+    """Poll (an orphan is nobody's child: no pidfd of ours could tell when its members
+    exit) until nothing of the group runs; ``False`` once ``seconds`` ran out."""
+    deadline = trio.current_time() + seconds
+    while True:
+        if not _members_running(group):
+            return True
+        if trio.current_time() >= deadline:
+            return False
+        await trio.sleep(_ORPHAN_POLL)
 
 
 def _leader_running(group: GroupIdentity) -> bool:
