@@ -73,7 +73,9 @@ def bystander() -> object:
     ("agent", "text"),
     [
         ("shell", "sleep 1000 & echo $!; wait"),
-        ("exec:sh -c 'sleep 1000 & echo $!; wait'", "ignored"),
+        # the prompt comes on stdin: only "orphan" forks the child (the other prompts end)
+        ("exec:sh -c 'read -r l; [ \"$l\" = orphan ] || exit 0; sleep 1000 & echo $!; wait'",
+         "orphan"),
     ],
     ids=["shell", "exec"],
 )
@@ -109,8 +111,10 @@ def test_worker_kill9_mid_turn_next_prompt_stops_the_orphaned_group(
              what="the orphaned group to be stopped")
     log = _worker_log(denv, session)
     line = next((ln for ln in log.splitlines() if "orphaned process group" in ln), "")
-    assert f"group {pgid}" in line and str(sleeper) in line.split("members", 1)[1], log
-    assert bystander.poll() is None and not _not_running(bystander.pid)
+    assert f"group {pgid}" in line, log
+    assert str(sleeper) in line.split("members", 1)[1].split(), log
+    assert bystander.poll() is None
+    assert not _not_running(bystander.pid)
 
     # handled once: the journal says so, and the next restart does not try it again
     journal = denv.state_dir() / "journal" / f"{session}.jsonl"
