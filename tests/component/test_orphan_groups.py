@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ async def test_a_hook_that_raises_refuses_the_turn_and_nothing_runs(tmp_path: Pa
 
 
 @pytest.fixture
-def group() -> object:
+def group() -> Iterator[subprocess.Popen[bytes]]:
     p = subprocess.Popen(["/bin/sh", "-c", "sleep 1000 & wait"], start_new_session=True)
     try:
         yield p

@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -50,7 +51,7 @@ def _first_line(p: subprocess.Popen[str], timeout: float) -> str:
 
 
 def _worker_pid(env: DaemonEnv, session: str) -> int:
-    return next(d["pid"] for d in env.descriptors() if d["session"] == session)
+    return int(next(d["pid"] for d in env.descriptors() if d["session"] == session))
 
 
 def _worker_log(env: DaemonEnv, session: str) -> str:
@@ -59,7 +60,7 @@ def _worker_log(env: DaemonEnv, session: str) -> str:
 
 
 @pytest.fixture
-def bystander() -> object:
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
     """A process of this test's own, in its own group, that no journal names."""
     p = subprocess.Popen(["sleep", "1000"], start_new_session=True)
     try:
