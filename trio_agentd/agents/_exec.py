@@ -8,6 +8,14 @@ the leader before it is done signalling the group: an unreaped (zombie) leader k
 ``killpg(leader_pid)`` cannot reach an unrelated group that reused the number. It waits for the
 leader's exit on its own pidfd instead, which does not reap.
 
+No orphans: the leader starts as a tiny ``/bin/sh`` gate that waits for one line on its stdin
+before it ``exec``\ s the real program (same pid, group and start id). In between, the runner
+tells ``ctx.on_group`` the group's identity (the worker journals it), and only then writes the
+line. So every group that ever runs an agent's work is in the journal; a worker killed
+mid-turn leaves it running (nobody else stops it), and the worker that starts next for the
+session stops it (:func:`stop_orphan_group`, identity-checked). A worker killed before the
+line is written closes the pipe, and the gate exits having run nothing.
+
 Output is read from a pipe and yielded chunk by chunk as it arrives; the turn lasts until the
 output pipe is closed by every holder *and* the leader has exited (as ``$(...)`` in a shell
 does). The prompt of an ``exec`` turn goes to the child's stdin through a pipe. Writing it must
