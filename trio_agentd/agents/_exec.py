@@ -9,9 +9,9 @@ the leader before it is done signalling the group: an unreaped (zombie) leader k
 leader's exit on its own pidfd instead, which does not reap.
 
 No orphans: the leader starts as a tiny ``/bin/sh`` gate that waits for one line on its stdin
-before it ``exec``\ s the real program (same pid, group and start id). In between, the runner
-tells ``ctx.on_group`` the group's identity (the worker journals it), and only then writes the
-line. So every group that ever runs an agent's work is in the journal; a worker killed
+before it becomes the real program by ``exec`` (same pid, group and start id). In between, the
+runner tells ``ctx.on_group`` the group's identity (the worker journals it), and only then
+writes the line. So every group that ever runs an agent's work is in the journal; a worker killed
 mid-turn leaves it running (nobody else stops it), and the worker that starts next for the
 session stops it (:func:`stop_orphan_group`, identity-checked). A worker killed before the
 line is written closes the pipe, and the gate exits having run nothing.
