@@ -97,13 +97,14 @@ def test_worker_kill9_mid_turn_next_prompt_stops_the_orphaned_group(
     leader, pgid = int(fields[1]), int(fields[2])
     assert pgid == leader
 
-    # the client goes first (the turn runs on without it), so no retry of its own respawns
-    # the worker: the next prompt below does
-    p.kill()
-    p.communicate(timeout=10)
+    # the client is frozen (not killed: a client that goes away cancels its turn, which then
+    # stops its own group), so that no retry of its own respawns the worker: the next prompt
+    # below does
+    os.kill(p.pid, signal.SIGSTOP)
     os.kill(worker, signal.SIGKILL)
     wait_for(lambda: _state(worker) in (None, "Z", "X"), timeout=10, what="the worker to die")
     assert not _not_running(sleeper), "the orphan must outlive its worker for this test to mean it"
+    assert not _not_running(leader)
 
     # the next prompt respawns the worker, which stops the orphaned group first
     cp = denv.run("-p", "-s", session, "--agent", agent, "--", "true")
@@ -117,6 +118,8 @@ def test_worker_kill9_mid_turn_next_prompt_stops_the_orphaned_group(
     assert str(sleeper) in re.findall(r"\d+", line.split("members", 1)[1]), log
     assert bystander.poll() is None
     assert not _not_running(bystander.pid)
+    p.kill()
+    p.communicate(timeout=10)
 
     # handled once: the journal says so, and the next restart does not try it again
     journal = denv.state_dir() / "journal" / f"{session}.jsonl"
