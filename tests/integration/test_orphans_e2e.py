@@ -3,7 +3,6 @@ worker finds it in the journal and stops it (real processes, kill -9)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -106,16 +105,21 @@ def test_worker_kill9_mid_turn_next_prompt_stops_the_orphaned_group(
     assert not _not_running(sleeper), "the orphan must outlive its worker for this test to mean it"
     assert not _not_running(leader)
 
-    # the next prompt respawns the worker, which stops the orphaned group first
+    # the next prompt (or the supervisor itself, which may restart a worker that died with a
+    # command in flight) respawns the worker, which stops the orphaned group first
     cp = denv.run("-p", "-s", session, "--agent", agent, "--", "true")
     assert cp.returncode == 0, cp.stderr
     assert _worker_pid(denv, session) != worker
     wait_for(lambda: _not_running(sleeper) and _not_running(leader), timeout=10,
              what="the orphaned group to be stopped")
-    log = _worker_log(denv, session)
-    line = next((ln for ln in log.splitlines() if "orphaned process group" in ln), "")
-    assert f"group {pgid}" in line, log
-    assert str(sleeper) in re.findall(r"\d+", line.split("members", 1)[1]), log
+
+    def logged() -> str:
+        log = _worker_log(denv, session)
+        return next((ln for ln in log.splitlines() if "orphaned process group" in ln), "")
+
+    line = wait_for(logged, timeout=10, what="the worker to log the orphaned group")
+    assert f"group {pgid}" in line, line
+    assert str(sleeper) in re.findall(r"\d+", line.split("members", 1)[1]), line
     assert bystander.poll() is None
     assert not _not_running(bystander.pid)
     p.kill()
@@ -123,12 +127,14 @@ def test_worker_kill9_mid_turn_next_prompt_stops_the_orphaned_group(
 
     # handled once: the journal says so, and the next restart does not try it again
     journal = denv.state_dir() / "journal" / f"{session}.jsonl"
-    records = [json.loads(ln) for ln in journal.read_text().splitlines() if ln.strip()]
-    stopped = [r for r in records if r.get("kind") == "group_stopped"]
+
+    def stopped_records() -> list[dict[str, object]]:
+        records = [json.loads(ln) for ln in journal.read_text().splitlines() if ln.strip()]
+        return [r for r in records if r.get("kind") == "group_stopped"]
+
+    stopped = wait_for(stopped_records, timeout=10, what="the stop to be journaled")
     assert [(r["pgid"], r["outcome"]) for r in stopped] == [(pgid, "stopped")]
     os.kill(_worker_pid(denv, session), signal.SIGKILL)
     cp = denv.run("-p", "-s", session, "--agent", agent, "--", "true")
     assert cp.returncode == 0, cp.stderr
-    with contextlib.suppress(FileNotFoundError):
-        records = [json.loads(ln) for ln in journal.read_text().splitlines() if ln.strip()]
-    assert len([r for r in records if r.get("kind") == "group_stopped"]) == 1
+    assert len(stopped_records()) == 1
