@@ -13,6 +13,7 @@ import enum
 import os
 import signal
 import sys
+from dataclasses import dataclass
 
 _boot_id: str | None = None
 
@@ -205,6 +206,91 @@ def signal_group_identity_checked(
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class GroupIdentity:
+    """A process group named safely: its id and its leader's incarnation ``(pid, start_id)``.
+
+    The runner starts every turn's leader in a new session, so ``pgid == pid``.
+    """
+
+    pgid: int
+    pid: int
+    start_id: str | None
+
+
+def group_alive(pgid: int) -> bool:
+    """Does any process (a zombie counts) still belong to group ``pgid``? A probe only."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
+    """Signal, one by one, the live members of a group whose leader is already gone.
+
+    Only where pidfds exist (Linux): each candidate is pinned by a pidfd before its group,
+    session and start time are read, so a pid reused in between is never hit. A member must
+    be in group ``pgid`` *and* session ``pgid`` (the leader's ``setsid``) and have started no
+    earlier than the leader. Returns the pids signalled.
+    """
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    if pidfd_open is None or send is None or group.start_id is None:
+        return []
+    try:
+        leader_start = int(group.start_id.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return []
+    hit: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            fd = pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            fields = _stat_fields(pid)
+            try:
+                # after pid and comm: state(0) ppid(1) pgrp(2) session(3) ... starttime(19)
+                ours = (fields is not None and int(fields[2]) == group.pgid
+                        and int(fields[3]) == group.pgid and int(fields[19]) >= leader_start
+                        and fields[0] not in (b"Z", b"X"))
+            except (IndexError, ValueError):
+                ours = False
+            if ours:
+                try:
+                    send(fd, sig)
+                    hit.append(pid)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+    return hit
+
+
+def group_members(group: GroupIdentity) -> list[int]:
+    """The live (non-zombie) processes of a group, leader included, while its leader is still
+    the recorded incarnation; else none (see :func:`kill_group_members`)."""
+    if read_start_id(group.pid) != group.start_id:
+        return []
+    return sorted(kill_group_members(group, 0))
 
 
 def peer_credentials(stream: object) -> tuple[int, int] | None:

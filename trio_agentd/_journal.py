@@ -2,7 +2,10 @@
 
 One JSON object per line: ``accepted`` (before a command runs), ``started`` (written, not
 flushed, just before its agent runs), ``completed`` (with its result), ``interrupted`` (it will
-never complete; ``"started": false`` when it is known never to have run). A truncated or
+never complete; ``"started": false`` when it is known never to have run), ``group`` (a process
+group the command's turn started: ``pgid``, leader ``pid`` and its ``start`` id; written before
+the group runs the agent's work) and ``group_stopped`` (a restarted worker dealt with that group:
+a group of a command that never completed is an orphan of a killed worker). A truncated or
 corrupt line is ignored, so a crash in the middle of an append loses nothing that was fsynced
 before it.
 """
@@ -13,7 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._identity import GroupIdentity
+
 Key = tuple[str, str]  # (client_id, command id as text)
+GroupKey = tuple[Key, int, str | None]  # (command, leader pid, leader start id)
 
 
 def key_of(client_id: str, command_id: str | int) -> Key:
@@ -28,7 +34,20 @@ class JournalState:
     started: set[Key] = field(default_factory=set)  # its agent ran (or may have)
     never_started: set[Key] = field(default_factory=set)  # interrupted before it ran
     cancelled: set[Key] = field(default_factory=set)  # interrupted by a cancel
+    groups: dict[GroupKey, GroupIdentity] = field(default_factory=dict)  # in start order
+    groups_stopped: set[GroupKey] = field(default_factory=set)
     skipped_lines: int = 0
+
+    def orphan_groups(self) -> list[tuple[Key, GroupIdentity]]:
+        """Process groups of commands that neither completed nor were interrupted, and that no
+        restart dealt with yet: whatever of them still runs has nobody to stop it."""
+        return [
+            (gk[0], g)
+            for gk, g in self.groups.items()
+            if gk not in self.groups_stopped
+            and gk[0] not in self.completed
+            and gk[0] not in self.interrupted
+        ]
 
     def pending(self) -> list[tuple[Key, dict[str, Any]]]:
         """Accepted commands that neither completed nor were interrupted, in order."""
@@ -55,6 +74,19 @@ class JournalState:
                 self.cancelled.add(k)
         elif kind == "started":
             self.started.add(k)
+        elif kind in ("group", "group_stopped"):
+            try:
+                pid = int(rec["pid"])
+                pgid = int(rec.get("pgid", pid))
+            except (KeyError, TypeError, ValueError):
+                self.skipped_lines += 1
+                return
+            start = rec.get("start")
+            start = start if isinstance(start, str) else None
+            if kind == "group":
+                self.groups[(k, pid, start)] = GroupIdentity(pgid, pid, start)
+            else:
+                self.groups_stopped.add((k, pid, start))
         else:
             self.skipped_lines += 1
 
@@ -111,19 +143,38 @@ def started(client_id: str, command_id: str | int) -> bytes:
     return _line({"kind": "started", "client_id": client_id, "id": command_id})
 
 
+def group(client_id: str, command_id: str | int, g: GroupIdentity) -> bytes:
+    """A process group the command's turn started (before it runs the agent's work)."""
+    return _line({"kind": "group", "client_id": client_id, "id": command_id, "pgid": g.pgid,
+                  "pid": g.pid, "start": g.start_id})
+
+
+def group_stopped(client_id: str, command_id: str | int, g: GroupIdentity, outcome: str
+                  ) -> bytes:
+    """A restarted worker dealt with an orphaned group (``outcome``: what it found or did)."""
+    return _line({"kind": "group_stopped", "client_id": client_id, "id": command_id,
+                  "pgid": g.pgid, "pid": g.pid, "start": g.start_id, "outcome": outcome})
+
+
 def _line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 def compacted(state: JournalState, keep_completed: int) -> bytes:
-    """The journal rewritten: pending commands, interrupted markers and the newest
-    ``keep_completed`` results (older results are forgotten: a resend that old runs again)."""
+    """The journal rewritten: pending commands (with the process groups of theirs no restart
+    dealt with yet), interrupted markers and the newest ``keep_completed`` results (older results
+    are forgotten: a resend that old runs again)."""
     out = bytearray()
     done = list(state.completed.items())[-keep_completed:] if keep_completed > 0 else []
+    orphans: dict[Key, list[GroupIdentity]] = {}
+    for gk, g in state.orphan_groups():
+        orphans.setdefault(gk, []).append(g)
     for k, rec in state.pending():
         out += _line(rec)
         if k in state.started:
             out += started(k[0], rec.get("id", k[1]))
+        for g in orphans.get(k, []):
+            out += group(k[0], rec.get("id", k[1]), g)
     for k in state.interrupted:
         rec = state.accepted.get(k, {"client_id": k[0], "id": k[1], "op": "?", "args": {}})
         out += _line({**rec, "kind": "accepted"})

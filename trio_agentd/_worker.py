@@ -41,7 +41,13 @@ from . import _fs, _journal
 from ._errors import AgentdError, ErrorCode
 from ._fence import Claim, Fence
 from ._grant import check_grant
-from ._identity import own_start_id, peer_credentials, read_start_id
+from ._identity import (
+    GroupIdentity,
+    group_members,
+    own_start_id,
+    peer_credentials,
+    read_start_id,
+)
 from ._output import INLINE_MAX, TurnOutput, chunk_event, pieces, stored_pieces
 from ._protocol import (
     MAX_IN_FLIGHT,
@@ -62,6 +68,7 @@ from ._session import Transcript
 from ._storage import REMEDY, errno_name, retried, storage_error, write_all
 from ._stream import MessageStream
 from .agents import Agent, TurnContext, load_agent
+from .agents._exec import stop_orphan_group
 from .timing import DEFAULT_TIMING, Timing
 
 log = logging.getLogger("trio_agentd.worker")
@@ -163,7 +170,8 @@ class Journal:
     def _apply(self, line: bytes) -> None:
         rec = json.loads(line)
         self.state.apply(rec)
-        if rec.get("kind") != "started":  # markers ride along: compaction counts commands
+        if rec.get("kind") not in ("started", "group", "group_stopped"):
+            # markers ride along: compaction counts commands
             self._lines += 1
 
     def _write(self, line: bytes) -> None:
@@ -453,6 +461,7 @@ class WorkerCore:
         # its connection closes (a supervisor killed -9 leaves routed clients served) until a
         # newer supervisor authenticates or the claim fails the fence
         self.serving: Fence | None = None
+        self._recovered = trio.Event()  # the journal's pending commands are dealt with
         self._wall_clock = wall_clock
         self.stop_requested = trio.Event()
         self._killed = False  # stopped by `trio-agentd kill`: turns end at once
@@ -475,7 +484,9 @@ class WorkerCore:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._refence_loop)
+            await self._stop_orphan_groups()
             self._recover_pending()
+            self._recovered.set()  # commands wait for this: none may run as new before it
             if self.journal is not None:
                 nursery.start_soon(self.journal.run_flusher)
             task_status.started()
@@ -518,6 +529,38 @@ class WorkerCore:
             with trio.move_on_after(self.timing.drop_notice_timeout):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await conn.ms.send(Dropped(code=ErrorCode.WORKER_STOPPED, message=why))
+
+    async def _stop_orphan_groups(self) -> None:
+        """Stop what is left of the process groups of commands a killed worker never finished
+        (identity-checked: a leader gone or reused is left alone), before anything is
+        recovered or replayed; log each one and journal it dealt with, so it is done once."""
+        if self.journal is None:
+            return
+        for k, group in self.journal.state.orphan_groups():
+            members = group_members(group)
+            outcome = await stop_orphan_group(group)
+            if outcome == "gone":
+                log.info("command %s: its process group %d (leader pid %d) is already gone",
+                         k, group.pgid, group.pid)
+            else:
+                log.warning("command %s: %s its orphaned process group %d (leader pid %d,"
+                            " members %s), left running by a worker that died",
+                            k, {"stopped": "stopped", "killed": "killed"}.get(outcome,
+                                                                            "could not stop"),
+                            group.pgid, group.pid, " ".join(map(str, members)) or "-")
+            try:
+                self.journal.append_durable(
+                    _journal.group_stopped(k[0], k[1], group, outcome))
+            except AgentdError as exc:  # kept in the journal's backlog; logged
+                log.error("recording process group %d of command %s: %s", group.pgid, k,
+                          exc.message)
+
+    def _on_group(self, k: _journal.Key, group: GroupIdentity) -> None:
+        """A turn's process group exists and waits for this before it runs: journal it (in the
+        page cache at once, which a ``kill -9`` of this worker does not lose; a machine crash
+        takes the group with it, so it needs no flush of its own)."""
+        if self.journal is not None:
+            self.journal.append(_journal.group(k[0], k[1], group))
 
     def _recover_pending(self) -> None:
         if self.journal is None:
@@ -807,6 +850,9 @@ class WorkerCore:
         }
 
     async def _prompt(self, conn: _Conn, req: Request) -> None:
+        # a resend that arrives while orphans of a killed worker are still being stopped must
+        # meet its command as recovered (interrupted, or replaying), never run it as new
+        await self._recovered.wait()
         self._answering += 1
         try:
             await self._prompt_answered(conn, req)
@@ -1077,6 +1123,7 @@ class WorkerCore:
             turn=turn,
             cwd=self.cwd,
             session_dir=self.transcript.dir if self.transcript else self.cwd,
+            on_group=functools.partial(self._on_group, k) if journal is not None else None,
         )
         output = running.output = TurnOutput(
             self.transcript.dir / "output" / f"{turn}.out" if self.transcript else None

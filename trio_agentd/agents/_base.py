@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .._errors import AgentdError, ErrorCode
+from .._identity import GroupIdentity
 
 EXEC_PREFIX = "exec:"
 
@@ -27,6 +28,10 @@ class TurnContext:
     turn: int  # 1-based number of this turn in the session
     cwd: Path
     session_dir: Path
+    on_group: Callable[[GroupIdentity], None] | None = None
+    """Told of each process group the turn starts, once it exists and before it runs the
+    agent's work (the worker journals it, to stop it after a crash). Raising refuses the
+    turn: the group is killed unstarted and the exception propagates."""
 
 
 @runtime_checkable

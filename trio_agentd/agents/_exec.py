@@ -8,6 +8,14 @@ the leader before it is done signalling the group: an unreaped (zombie) leader k
 ``killpg(leader_pid)`` cannot reach an unrelated group that reused the number. It waits for the
 leader's exit on its own pidfd instead, which does not reap.
 
+No orphans: the leader starts as a tiny ``/bin/sh`` gate that waits for one line on its stdin
+before it becomes the real program by ``exec`` (same pid, group and start id). In between, the
+runner tells ``ctx.on_group`` the group's identity (the worker journals it), and only then
+writes the line. So every group that ever runs an agent's work is in the journal; a worker killed
+mid-turn leaves it running (nobody else stops it), and the worker that starts next for the
+session stops it (:func:`stop_orphan_group`, identity-checked). A worker killed before the
+line is written closes the pipe, and the gate exits having run nothing.
+
 Output is read from a pipe and yielded chunk by chunk as it arrives; the turn lasts until the
 output pipe is closed by every holder *and* the leader has exited (as ``$(...)`` in a shell
 does). The prompt of an ``exec`` turn goes to the child's stdin through a pipe. Writing it must
@@ -32,6 +40,13 @@ from typing import TypeVar
 import trio
 
 from .._errors import AgentdError, ErrorCode
+from .._identity import (
+    GroupIdentity,
+    group_alive,
+    kill_group_members,
+    read_start_id,
+    signal_group_identity_checked,
+)
 from ._base import TurnContext
 
 _T = TypeVar("_T")
@@ -133,6 +148,40 @@ def _spawn_error(argv: Sequence[str], cwd: Path, exc: OSError) -> AgentdError:
     )
 
 
+_GATE = b"go\n"
+_GATE_SCRIPT = 'read -r _ || exit 125; exec "$@"'
+_GATE_SCRIPT_NO_STDIN = 'read -r _ || exit 125; exec </dev/null; exec "$@"'
+"""The turn's leader starts as this tiny ``/bin/sh`` gate: it reads one line (:data:`_GATE`)
+from its stdin pipe before it becomes the agent's program (``exec``: same pid, group and start
+id). The worker writes that line, ahead of the prompt, only once the group's identity is
+journaled; ``read`` takes a pipe byte by byte, so the program gets exactly the prompt. A worker
+killed before that closes the pipe's other end, and the gate exits without running anything."""
+
+
+def _resolve_error(argv: Sequence[str], cwd: Path, env: dict[str, str]) -> OSError | None:
+    """What ``execvp`` would fail with for ``argv[0]`` in ``cwd``, checked before the gate
+    starts (the gate's ``exec`` could only report it as an exit status)."""
+    if not os.path.isdir(cwd):
+        err = FileNotFoundError if not os.path.exists(cwd) else NotADirectoryError
+        return err(2 if err is FileNotFoundError else 20,
+                   os.strerror(2 if err is FileNotFoundError else 20), os.fspath(cwd))
+    name = argv[0]
+    candidates = [name] if "/" in name else [
+        os.path.join(d, name) for d in os.get_exec_path(env)
+    ]
+    denied = False
+    for cand in candidates:
+        path = os.path.join(cwd, cand)
+        if not os.path.exists(path):
+            continue
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return None
+        denied = True
+    if denied:
+        return PermissionError(13, os.strerror(13), name)
+    return FileNotFoundError(2, os.strerror(2), name)
+
+
 class _StdinFeeder:
     """Writes the prompt into the child's stdin pipe, then closes the pipe.
 
@@ -203,50 +252,56 @@ class _GroupRun:
         Raises:
             AgentdError: ``bad_request`` if the program or the directory cannot be used.
         """
-        feeder: _StdinFeeder | None = None
-        child_stdin: int = subprocess.DEVNULL
-        if stdin is not None:
-            child_stdin, write_end = os.pipe()  # both ends close-on-exec; Popen dups ours to 0
-            feeder = _StdinFeeder(write_end, stdin)
+        env = child_environment(ctx)
+        if (not_runnable := _resolve_error(argv, ctx.cwd, env)) is not None:
+            raise _spawn_error(argv, ctx.cwd, not_runnable)
+        child_stdin, write_end = os.pipe()  # both ends close-on-exec; Popen dups ours to 0
+        feeder = _StdinFeeder(write_end, _GATE + stdin) if stdin is not None else None
+        script = _GATE_SCRIPT if stdin is not None else _GATE_SCRIPT_NO_STDIN
         try:
             try:
                 proc = await trio.lowlevel.open_process(
-                    list(argv),
+                    ["/bin/sh", "-c", script, "sh", *argv],
                     stdin=child_stdin,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT if merge_stderr else None,
                     cwd=ctx.cwd,
-                    env=child_environment(ctx),
+                    env=env,
                     start_new_session=True,
                 )
             finally:
-                if feeder is not None:
-                    os.close(child_stdin)
+                os.close(child_stdin)
         except OSError as exc:
-            if feeder is not None:
-                feeder.close()
+            _close_gate(write_end, feeder)
             raise _spawn_error(argv, ctx.cwd, exc) from None
         except BaseException:
-            if feeder is not None:
-                feeder.close()
+            _close_gate(write_end, feeder)
             raise
         assert proc.stdout is not None
-        if stdin == b"" and feeder is not None:
-            feeder.close()
+        pidfd = -1
         try:
             pidfd = os.pidfd_open(proc.pid)
-        except OSError as exc:
-            # cannot watch the leader without reaping it: kill the group now, while its pid is
-            # still held by the unreaped leader, and give up
+            if ctx.on_group is not None:
+                ctx.on_group(GroupIdentity(proc.pid, proc.pid, read_start_id(proc.pid)))
+            if feeder is None:
+                os.write(write_end, _GATE)  # an empty pipe has room: never blocks
+                os.close(write_end)
+            # else the feeder writes the gate line ahead of the prompt
+        except Exception as exc:  # no checkpoint above: never Cancelled
+            # nothing of the agent ran (the gate still waits): kill the group now, while its
+            # pid is still held by the unreaped leader, and give up
             _signal_group(proc.pid, signal.SIGKILL)
-            if feeder is not None:
-                feeder.close()
+            _close_gate(write_end, feeder)
             with trio.move_on_after(_REAP_BOUND, shield=True):
                 await proc.wait()
                 await proc.stdout.aclose()
-            raise AgentdError(
-                ErrorCode.INTERNAL, f"cannot watch the process of {argv[0]!r}: {exc}"
-            ) from None
+            if pidfd >= 0:
+                os.close(pidfd)
+            if isinstance(exc, OSError):
+                raise AgentdError(
+                    ErrorCode.INTERNAL, f"cannot start the process of {argv[0]!r}: {exc}"
+                ) from None
+            raise
         return cls(argv[0], proc, proc.stdout, pidfd, feeder)
 
     async def _feeding(self, wait: Callable[[], Awaitable[_T]]) -> _T:
@@ -314,6 +369,14 @@ class _GroupRun:
             os.close(self.pidfd)
             with trio.move_on_after(1, shield=True):
                 await self.stdout.aclose()
+
+
+def _close_gate(write_end: int, feeder: _StdinFeeder | None) -> None:
+    if feeder is not None:
+        feeder.close()  # closes write_end
+    else:
+        with contextlib.suppress(OSError):
+            os.close(write_end)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -403,3 +466,65 @@ class ExecAgent:
             self.argv, ctx, stdin=prompt.encode(errors="surrogateescape"), merge_stderr=False,
             kill_grace=self.kill_grace,
         )
+
+
+ORPHAN_GRACE = 1.0
+"""Seconds an orphaned group gets between SIGTERM and SIGKILL at a worker's start."""
+
+_ORPHAN_POLL = 0.02
+
+
+async def stop_orphan_group(group: GroupIdentity, *, grace: float = ORPHAN_GRACE) -> str:
+    """Stop a turn's process group that outlived its worker (SIGTERM, ``grace``, SIGKILL).
+
+    Identity-checked: only a group whose leader is still the recorded incarnation is signalled;
+    a gone (or reused) leader means the group is left alone. Returns what happened:
+    ``"gone"`` (nothing to stop), ``"stopped"`` (it exited on SIGTERM), ``"killed"`` (it needed
+    SIGKILL), or ``"alive"`` (something of it still runs after SIGKILL, bounded wait).
+
+    Cancellation: stops waiting; whatever was signalled stays signalled.
+    """
+    if not signal_group_identity_checked(group.pgid, group.pid, group.start_id, signal.SIGTERM):
+        return "gone"
+    if await _gone_within(group, grace):
+        return "stopped"
+    # the leader is the group's identity: while it runs, the whole group; once it is gone,
+    # the members still in its group and session, each pinned by a pidfd
+    if not signal_group_identity_checked(group.pgid, group.pid, group.start_id,
+                                         signal.SIGKILL):
+        kill_group_members(group, signal.SIGKILL)
+    return "killed" if await _gone_within(group, _REAP_BOUND) else "alive"
+
+
+async def _gone_within(group: GroupIdentity, seconds: float) -> bool:
+    """Poll (an orphan is nobody's child: no pidfd of ours could tell when its members
+    exit) until nothing of the group runs; ``False`` once ``seconds`` ran out."""
+    deadline = trio.current_time() + seconds
+    while True:
+        if not _members_running(group):
+            return True
+        if trio.current_time() >= deadline:
+            return False
+        await trio.sleep(_ORPHAN_POLL)
+
+
+def _leader_running(group: GroupIdentity) -> bool:
+    sid = read_start_id(group.pid)
+    return sid is not None and sid == group.start_id and not _zombie(group.pid)
+
+
+def _members_running(group: GroupIdentity) -> bool:
+    """Does any non-zombie process still belong to the group? (Zombies wait for a reaper
+    that may never come: an orphan's parent is init, or whatever subreaper adopted it.)"""
+    if not group_alive(group.pgid):
+        return False
+    return _leader_running(group) or bool(kill_group_members(group, 0))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    return data[data.rfind(b")") + 2 :][:1] in (b"Z", b"X")
