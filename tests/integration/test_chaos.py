@@ -322,7 +322,9 @@ class Chaos:
         print(f"  t={killed_at - self.t0:5.1f}s kill -9 {' + '.join(what)}"
               f" (answered {load.answered_count()})")
         if kill_sup:
-            # the clients' resends autostart the next supervisor
+            # routed clients go on without a supervisor; the next command that needs one
+            # (a client's route request, or this one) autostarts it
+            env.run("sessions", timeout=self.left())
             wait_for(functools.partial(_new_supervisor, env, sup[0]), timeout=self.left(),
                      what="a new supervisor")
             self.new_supervisors += 1
