@@ -135,6 +135,7 @@ class Supervisor:
         # sessions killed in this supervisor's life and not made anew since: a resent command
         # of theirs is answered session_killed, not run in a new session
         self.killed: set[str] = set()
+        self._sessions_stamp: int | None = None  # mtime of sessions/ at the last heal check
         self._loaded: list[tuple[WorkerHandle, bool, Mode]] = []
         self._create_lock = trio.Lock()
         self.shutdown_requested = trio.Event()
@@ -460,7 +461,15 @@ class Supervisor:
                     if h.token is not None:
                         _fs.atomic_write(L.token_path(h.session_id), h.token.encode())
                     self.ops.persist(h)
-            for h in list(self.sessions.values()):
+            # per-session dirs only when the sessions dir changed (a subdir removed changes
+            # its mtime): no stat per session on every 250 ms tick
+            try:
+                stamp = L.sessions_dir.stat().st_mtime_ns
+            except FileNotFoundError:
+                stamp = None
+            sessions = [] if stamp is not None and stamp == self._sessions_stamp else list(
+                self.sessions.values())
+            for h in sessions:
                 session_dir = L.session_dir(h.session_id)
                 if not session_dir.is_dir():
                     write_meta(session_dir, {
@@ -471,6 +480,8 @@ class Supervisor:
         except (OSError, AgentdError) as exc:
             self.rl.error(("heal", str(exc)), "could not make the state dirs again: %s", exc)
             return
+        with contextlib.suppress(OSError):
+            self._sessions_stamp = L.sessions_dir.stat().st_mtime_ns  # after our own writes
         if healed:
             log.warning("state removed under the running supervisor; made again from memory:"
                         " %s", ", ".join(healed))
