@@ -1,6 +1,9 @@
 """Agents: what a worker hosts (SPEC §8). ``load_agent(spec)`` turns a spec into an agent."""
 
 from ._base import Agent as Agent
+from ._base import Chunk as Chunk
+from ._base import ExitStatus as ExitStatus
+from ._base import Stderr as Stderr
 from ._base import TurnContext as TurnContext
 from ._base import load_agent as load_agent
 from ._base import validate_agent_spec as validate_agent_spec

@@ -34,6 +34,34 @@ class TurnContext:
     turn: the group is killed unstarted and the exception propagates."""
 
 
+@dataclass(frozen=True, slots=True)
+class Stderr:
+    """A piece of the agent's diagnostics (its stderr), yielded by a turn among its output.
+
+    Kept and streamed apart from the reply: the CLI writes it to its own stderr, ``--json``
+    and the transcript keep it in a field of its own.
+    """
+
+    data: bytes | str
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How the turn's command ended, yielded last by an agent that has one.
+
+    ``code`` ≥ 0 is an exit status; a negative ``code`` is death by signal ``-code`` (the
+    ``subprocess`` convention). A turn that yields none succeeded as far as anyone can tell
+    (the CLI exits 0).
+    """
+
+    code: int
+
+
+Chunk = str | bytes | Stderr | ExitStatus
+"""What a turn yields: reply text (sent as UTF-8) or bytes (sent exactly), diagnostics, and at
+the end, optionally, its exit status."""
+
+
 @runtime_checkable
 class Agent(Protocol):
     """One session's agent.
@@ -45,10 +73,11 @@ class Agent(Protocol):
 
     replayable: bool
 
-    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str | bytes]:
+    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[Chunk]:
         """Run one prompt, yielding output chunks as they come: text (sent as UTF-8) or bytes
-        (sent exactly as they are). A turn has no size limit: chunks are streamed, never
-        gathered in memory.
+        (sent exactly as they are), :class:`Stderr` pieces, and last, optionally, an
+        :class:`ExitStatus`. A turn has no size limit: chunks are streamed, never gathered in
+        memory.
 
         Cancellation: the turn is abandoned; the worker records it interrupted.
         """
