@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from typing import Any
 if TYPE_CHECKING:
     from ._client import Client as Client
+    from ._client import TurnResult as TurnResult
     from ._client import open_client as open_client
     from ._supervisor import Supervisor as Supervisor
     from ._supervisor import SupervisorConfig as SupervisorConfig
@@ -27,6 +28,7 @@ _LAZY = {
     "Timing": ".timing",
     "DEFAULT_TIMING": ".timing",
     "Client": "._client",
+    "TurnResult": "._client",
     "open_client": "._client",
     "Supervisor": "._supervisor",
     "SupervisorConfig": "._supervisor",
@@ -41,6 +43,7 @@ __all__ = [
     "Supervisor",
     "SupervisorConfig",
     "Timing",
+    "TurnResult",
     "__version__",
     "open_client",
     "open_supervisor",

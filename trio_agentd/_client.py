@@ -18,6 +18,7 @@ import os
 import socket as _socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -49,6 +50,21 @@ _REROUTE = frozenset({ErrorCode.WORKER_UNAVAILABLE, ErrorCode.GRANT_REFUSED})
 _GRANT_MARGIN = 5.0  # seconds: a grant this close to its expiry is renewed before use
 _EVENTS_BUFFERED = 64  # per request; a consumer that falls behind pauses the connection
 _NO_RESEND = frozenset({"shutdown", "restart"})
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """One turn's whole outcome, as :meth:`Client.prompt_turn` returns it."""
+
+    session: str
+    turn: int
+    stdout: bytes
+    """The reply, byte for byte."""
+    stderr: bytes
+    """The agent's diagnostics, kept apart from the reply."""
+    exit_status: int | None
+    """The agent's exit status (negative: killed by that signal); ``None`` for an agent that
+    reports none (a Python agent that did not yield an ``ExitStatus``)."""
 
 
 class _Lost(Exception):
@@ -391,6 +407,28 @@ class Client:
         output.finish(result)
         return b"".join(parts)
 
+    async def prompt_turn(
+        self, session: str, text: str, *, agent: str | None = None
+    ) -> TurnResult:
+        """Send a prompt and return its whole outcome: reply, stderr and exit status. A
+        non-zero exit status is an outcome, not an error."""
+        out: list[bytes] = []
+        err: list[bytes] = []
+        output = Output(out.append, err.append)
+        result = await self.request(
+            "prompt", {"session": session, "text": text, "agent": agent, "stream": False},
+            on_event=output.on_event,
+        )
+        output.finish(result)
+        status = result.get("exit_status") if isinstance(result, dict) else None
+        return TurnResult(
+            session=str(result.get("session", session)) if isinstance(result, dict) else session,
+            turn=int(result.get("turn", 0)) if isinstance(result, dict) else 0,
+            stdout=b"".join(out),
+            stderr=b"".join(err),
+            exit_status=status if isinstance(status, int) else None,
+        )
+
     async def stream_prompt(
         self, session: str, text: str, *, agent: str | None = None
     ) -> AsyncIterator[str]:
@@ -405,8 +443,9 @@ class Client:
     async def stream_prompt_bytes(
         self, session: str, text: str, *, agent: str | None = None
     ) -> AsyncIterator[bytes]:
-        """Yield the output's bytes as the agent produces them, each exactly once, even across
-        a resend after a lost connection.
+        """Yield the reply's bytes as the agent produces them, each exactly once, even across
+        a resend after a lost connection. (The agent's stderr and exit status are not part of
+        the reply: :meth:`prompt_turn` returns them.)
 
         Backpressure: a consumer that stops iterating stops this client reading, and so the
         worker sending, and so the agent (its pipe fills): nothing is dropped or buffered

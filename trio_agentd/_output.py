@@ -2,12 +2,15 @@
 
 A turn has no size limit. The worker passes each piece an agent yields on at once, as chunk
 events of at most :data:`CHUNK_MAX` bytes (base64 in the frame, well under the frame limit).
-Every chunk carries its byte offset in the turn's output (``at``), so a client that resends a
-command and gets the output again from the start keeps exactly one copy of every byte.
+A turn has two streams, its reply (stdout) and its diagnostics (stderr, chunk events marked
+``"stream": "stderr"``), kept apart end to end. Every chunk carries its byte offset in its
+stream (``at``), so a client that resends a command and gets the output again from the start
+keeps exactly one copy of every byte.
 
-The output is also kept for a resend after the turn ended: up to :data:`INLINE_MAX` bytes in
-memory (a small UTF-8 reply goes into the journal and the transcript as ``reply``); past that,
-in a file of its own that the records point to (``output``), so no record grows with it.
+Each stream is also kept for a resend after the turn ended: up to :data:`INLINE_MAX` bytes in
+memory (small UTF-8 text goes into the journal and the transcript: ``reply``, ``stderr``); past
+that, in a file of its own that the records point to (``output``, ``stderr_output``), so no
+record grows with it. ``bytes`` and ``stderr_bytes`` give each stream's size.
 """
 
 from __future__ import annotations
@@ -20,9 +23,25 @@ from typing import Any
 INLINE_MAX = 64 * 1024  # bytes of a reply kept in the records themselves
 CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 MiB frame)
 
+STDOUT = "stdout"
+STDERR = "stderr"
+STREAMS = (STDOUT, STDERR)
 
-def chunk_event(at: int, data: bytes) -> dict[str, Any]:
-    return {"kind": "chunk", "at": at, "data": data}
+FIELDS = {STDOUT: ("reply", "output", "bytes"), STDERR: ("stderr", "stderr_output", "stderr_bytes")}
+"""Per stream, the record fields of its inline text, its spill file and its size."""
+
+
+def chunk_event(at: int, data: bytes, stream: str = STDOUT) -> dict[str, Any]:
+    event: dict[str, Any] = {"kind": "chunk", "at": at, "data": data}
+    if stream != STDOUT:
+        event["stream"] = stream
+    return event
+
+
+def event_stream(event: dict[str, Any]) -> str | None:
+    """The stream a chunk event belongs to; ``None`` for a stream this version does not know."""
+    stream = event.get("stream", STDOUT)
+    return stream if stream in STREAMS else None
 
 
 def pieces(data: bytes) -> Iterator[tuple[int, bytes]]:
@@ -37,8 +56,9 @@ class TurnOutput:
     ``path`` None keeps everything in memory (tests, and workers without a session dir).
     """
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, stream: str = STDOUT) -> None:
         self.path = path
+        self.stream = stream
         self.size = 0
         self._memory: bytearray | None = bytearray()
         self._fd: int | None = None
@@ -82,16 +102,20 @@ class TurnOutput:
         yield from read_file(self.path, start, end)
 
     def result_fields(self) -> dict[str, Any]:
-        """What the records keep: the reply itself when small and text, else where it is."""
+        """What the records keep: the text itself when small and UTF-8, else where it is. An
+        empty stderr keeps nothing (the stdout fields are always there)."""
+        text, where, size = FIELDS[self.stream]
+        if self.stream != STDOUT and not self.size:
+            return {}
         if self._memory is not None:
             try:
-                return {"reply": bytes(self._memory).decode(), "bytes": self.size}
+                return {text: bytes(self._memory).decode(), size: self.size}
             except UnicodeDecodeError:
                 if self.path is None:
-                    return {"bytes": self.size}  # not kept (a worker without a session dir)
+                    return {size: self.size}  # not kept (a worker without a session dir)
                 self._spill()
         assert self.path is not None
-        return {"output": str(self.path), "bytes": self.size}
+        return {where: str(self.path), size: self.size}
 
     def close(self) -> None:
         if self._fd is not None:
@@ -120,15 +144,25 @@ def read_file(path: Path, start: int, end: int | None = None) -> Iterator[tuple[
         os.close(fd)
 
 
-def stored_pieces(result: Any) -> Iterator[tuple[int, bytes]]:
-    """The output a completed command's result keeps, as ``(offset, bytes)`` pieces."""
+def stored_pieces(result: Any, stream: str = STDOUT) -> Iterator[tuple[int, bytes]]:
+    """One stream of what a completed command's result keeps, as ``(offset, bytes)`` pieces."""
     if not isinstance(result, dict):
         return
-    reply = result.get("reply")
+    text, where, _size = FIELDS[stream]
+    reply = result.get(text)
     if isinstance(reply, str):
         yield from pieces(reply.encode(errors="surrogateescape"))
-    elif isinstance(result.get("output"), str):
-        yield from read_file(Path(result["output"]), 0)
+    elif isinstance(result.get(where), str):
+        yield from read_file(Path(result[where]), 0)
+
+
+def inline(result: Any) -> bool:
+    """Whether a result carries all its output in itself (no stream kept in a file)."""
+    return (
+        isinstance(result, dict)
+        and "reply" in result
+        and ("stderr" in result or not result.get("stderr_bytes"))
+    )
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -52,22 +52,33 @@ def creator_args(args: dict[str, Any]) -> dict[str, Any]:
 
 
 class Output:
-    """A turn's output from its chunk events: exactly one copy of every byte, in order.
+    """A turn's output from its chunk events: exactly one copy of every byte, in order, per
+    stream (the reply, and the agent's stderr).
 
-    Each chunk carries its offset (``at``), so the output sent again after a resend (from the
-    start) is skipped where it was already seen; a final ``reply`` fills in what no chunk
-    carried (a client that did not stream, a small answer).
+    Each chunk carries its offset in its stream (``at``), so the output sent again after a
+    resend (from the start) is skipped where it was already seen; the final result fills in
+    what no chunk carried (a client that did not stream, a small answer).
     """
 
-    __slots__ = ("sink", "size")
+    __slots__ = ("sinks", "sizes")
 
-    def __init__(self, sink: Callable[[bytes], object]) -> None:
-        self.sink = sink
-        self.size = 0
+    def __init__(
+        self, sink: Callable[[bytes], object], err_sink: Callable[[bytes], object] | None = None
+    ) -> None:
+        self.sinks = {"stdout": sink, "stderr": err_sink or _discard}
+        self.sizes = {"stdout": 0, "stderr": 0}
+
+    @property
+    def size(self) -> int:
+        """Bytes of the reply (stdout) seen so far."""
+        return self.sizes["stdout"]
 
     def on_event(self, event: dict[str, Any]) -> None:
         if event.get("kind") != "chunk":
             return
+        stream = event.get("stream", "stdout")
+        if stream not in self.sizes:
+            return  # a stream this version does not know
         data = event.get("data")
         if isinstance(data, str):
             import base64
@@ -75,23 +86,31 @@ class Output:
             data = base64.b64decode(data)
         if not isinstance(data, bytes):
             return
+        size = self.sizes[stream]
         at = event.get("at")
-        at = at if isinstance(at, int) and not isinstance(at, bool) else self.size
-        if at > self.size:
-            raise AgentdError(ErrorCode.INTERNAL, f"output chunk at {at} after only {self.size}"
+        at = at if isinstance(at, int) and not isinstance(at, bool) else size
+        if at > size:
+            raise AgentdError(ErrorCode.INTERNAL, f"{stream} chunk at {at} after only {size}"
                               " bytes: a chunk was lost")
         end = at + len(data)
-        if end > self.size:
-            self.sink(data[self.size - at :])
-            self.size = end
+        if end > size:
+            self.sinks[stream](data[size - at :])
+            self.sizes[stream] = end
 
     def finish(self, result: Any) -> None:
-        reply = result.get("reply") if isinstance(result, dict) else None
-        if isinstance(reply, str):
-            data = reply.encode(errors="surrogateescape")
-            if len(data) > self.size:
-                self.sink(data[self.size :])
-                self.size = len(data)
+        if not isinstance(result, dict):
+            return
+        for stream, field in (("stdout", "reply"), ("stderr", "stderr")):
+            text = result.get(field)
+            if isinstance(text, str):
+                data = text.encode(errors="surrogateescape")
+                if len(data) > self.sizes[stream]:
+                    self.sinks[stream](data[self.sizes[stream] :])
+                    self.sizes[stream] = len(data)
+
+
+def _discard(_data: bytes) -> None:
+    pass
 
 
 class _Lost(Exception):

@@ -48,7 +48,18 @@ from ._identity import (
     peer_credentials,
     read_start_id,
 )
-from ._output import INLINE_MAX, TurnOutput, chunk_event, pieces, stored_pieces
+from ._output import (
+    FIELDS,
+    INLINE_MAX,
+    STDERR,
+    STDOUT,
+    STREAMS,
+    TurnOutput,
+    chunk_event,
+    inline,
+    pieces,
+    stored_pieces,
+)
 from ._protocol import (
     MAX_IN_FLIGHT,
     Attach,
@@ -67,7 +78,7 @@ from ._protocol import (
 from ._session import Transcript
 from ._storage import REMEDY, errno_name, retried, storage_error, write_all
 from ._stream import MessageStream
-from .agents import Agent, TurnContext, load_agent
+from .agents import Agent, Chunk, ExitStatus, Stderr, TurnContext, load_agent
 from .agents._exec import stop_orphan_group
 from .timing import DEFAULT_TIMING, Timing
 
@@ -393,8 +404,11 @@ class _Running:
         self.listener: _Conn | None = listener
         self.request_id = request_id
         self.stream = True  # the listener wants the chunks as they come
-        self.output = TurnOutput(None)  # replaced by the turn's own when it starts
-        self.sent_to = 0  # bytes of the output the current listener has been sent
+        # replaced by the turn's own when it starts
+        self.outputs = {STDOUT: TurnOutput(None), STDERR: TurnOutput(None, STDERR)}
+        # per stream, bytes the current listener has been sent
+        self.sent_to = dict.fromkeys(STREAMS, 0)
+        self.exit_status: int | None = None  # as the agent reported it
         self.lock = trio.Lock()  # orders a listener's catch-up with the live chunks
         self.cancel_scope = trio.CancelScope()  # a client's cancel ends the agent's turn
         self.killed = False  # the session was killed: the turn ends with session_killed
@@ -403,7 +417,7 @@ class _Running:
 
     def wants_chunks(self) -> bool:
         """Stream to the listener: it asked to, or the output is too big for the answer."""
-        return self.stream or self.output.size > INLINE_MAX
+        return self.stream or any(out.size > INLINE_MAX for out in self.outputs.values())
 
 
 class WorkerCore:
@@ -941,13 +955,13 @@ class WorkerCore:
             running.listener = conn
             running.request_id = req.id
             running.stream = req.args.get("stream", True) is not False
-            running.sent_to = 0
+            running.sent_to = dict.fromkeys(STREAMS, 0)
             await self._catch_up(running)
         await running.done.wait()
         if (
             running.error is None
             and isinstance(running.result, dict)
-            and "reply" not in running.result
+            and not inline(running.result)
             and running.listener is conn
         ):
             # an answer that cannot come inline (binary, or big) comes as chunks, streamed
@@ -983,35 +997,41 @@ class WorkerCore:
             conn.notice = notice
             conn.notice_ready.set()
 
-    async def _relay(self, running: _Running, chunk: str | bytes) -> None:
+    async def _relay(self, running: _Running, chunk: Chunk) -> None:
         """Keep a piece of the turn's output and pass it on at once. A listener that does not
         read makes this wait (and so the agent, whose pipe then fills): backpressure."""
-        data = chunk.encode(errors="surrogateescape") if isinstance(chunk, str) else chunk
+        if isinstance(chunk, ExitStatus):
+            running.exit_status = chunk.code
+            return
+        stream, raw = (STDERR, chunk.data) if isinstance(chunk, Stderr) else (STDOUT, chunk)
+        data = raw.encode(errors="surrogateescape") if isinstance(raw, str) else bytes(raw)
         if not data:
             return
         async with running.lock:
-            at = running.output.size
-            running.output.add(data)  # OSError (a full disk): the turn fails, storage_error
+            output = running.outputs[stream]
+            at = output.size
+            output.add(data)  # OSError (a full disk): the turn fails, storage_error
             listener = running.listener
             if listener is None or listener.dropped or not running.wants_chunks():
                 return
-            if running.sent_to != at:
+            if running.sent_to[stream] != at:
                 await self._catch_up(running)
                 return
             for offset, piece in pieces(data):
                 await self._respond(listener, Event(
-                    id=running.request_id, event=chunk_event(at + offset, piece)))
-            running.sent_to = at + len(data)
+                    id=running.request_id, event=chunk_event(at + offset, piece, stream)))
+            running.sent_to[stream] = at + len(data)
 
     async def _catch_up(self, running: _Running) -> None:
         """Send the listener what it has not been sent yet (the caller holds the lock)."""
         listener = running.listener
         if listener is None or listener.dropped or not running.wants_chunks():
             return
-        for at, piece in running.output.read(running.sent_to):
-            await self._respond(listener, Event(id=running.request_id,
-                                                event=chunk_event(at, piece)))
-            running.sent_to = at + len(piece)
+        for stream, output in running.outputs.items():
+            for at, piece in output.read(running.sent_to[stream]):
+                await self._respond(listener, Event(id=running.request_id,
+                                                    event=chunk_event(at, piece, stream)))
+                running.sent_to[stream] = at + len(piece)
 
     def _done_result(self, k: _journal.Key) -> tuple[bool, Any] | None:
         """``(True, result)`` if completed, ``(False, started)`` if interrupted (``started``:
@@ -1043,12 +1063,12 @@ class WorkerCore:
                 await self._respond(conn, fail(req.id, _ran(exc)))
                 return True
         completed, result = done
-        if completed and (
-            req.args.get("stream", True) is not False or "reply" not in result
-        ):
+        if completed and (req.args.get("stream", True) is not False or not inline(result)):
             # a resend of a finished command gets its whole output again
-            for at, piece in stored_pieces(result):
-                await self._respond(conn, Event(id=req.id, event=chunk_event(at, piece)))
+            for stream in STREAMS:
+                for at, piece in stored_pieces(result, stream):
+                    await self._respond(conn, Event(id=req.id,
+                                                    event=chunk_event(at, piece, stream)))
         if completed:
             answer = ok(req.id, result)
         elif result is None:
@@ -1125,8 +1145,10 @@ class WorkerCore:
             session_dir=self.transcript.dir if self.transcript else self.cwd,
             on_group=functools.partial(self._on_group, k) if journal is not None else None,
         )
-        output = running.output = TurnOutput(
-            self.transcript.dir / "output" / f"{turn}.out" if self.transcript else None
+        out_dir = self.transcript.dir / "output" if self.transcript else None
+        output = running.outputs[STDOUT] = TurnOutput(out_dir / f"{turn}.out" if out_dir else None)
+        errors = running.outputs[STDERR] = TurnOutput(
+            out_dir / f"{turn}.err" if out_dir else None, STDERR
         )
         self._notify(Notice(kind="turn_started", turn=self.turns))
         if journal is not None:
@@ -1141,6 +1163,7 @@ class WorkerCore:
                         await self._relay(running, chunk)
             if running.cancel_scope.cancelled_caught and running.killed:
                 output.close()
+                errors.close()
                 log.info("turn %s ended: the session was killed", turn)
                 running.error = session_killed_error(self.session_id, turn)
                 if journal is None:
@@ -1148,6 +1171,7 @@ class WorkerCore:
                 return self._outcome(running, _journal.interrupted(k[0], k[1], cancelled=True))
             if running.cancel_scope.cancelled_caught:
                 output.close()
+                errors.close()
                 log.info("turn %s cancelled by its client", turn)
                 running.error = AgentdError(
                     ErrorCode.COMMAND_CANCELLED,
@@ -1160,6 +1184,7 @@ class WorkerCore:
                 return self._outcome(running, _journal.interrupted(k[0], k[1], cancelled=True))
         except OSError as exc:
             output.close()
+            errors.close()
             log.error("turn %s: cannot keep its output: %s", turn, exc)
             where = os.fspath(output.path or self.cwd)
             running.error = AgentdError(
@@ -1172,16 +1197,22 @@ class WorkerCore:
             return self._outcome(running, _journal.interrupted(k[0], k[1]))
         except AgentdError as exc:
             output.close()
+            errors.close()
             log.warning("agent refused turn %s: %s", turn, exc.message)
             running.error = exc
             return self._outcome(running, _journal.interrupted(k[0], k[1]))
         except Exception as exc:
             output.close()
+            errors.close()
             log.exception("agent failed on turn %s", turn)
             running.error = AgentdError(ErrorCode.INTERNAL, f"agent failed: {exc}")
             return self._outcome(running, _journal.interrupted(k[0], k[1]))
         output.close()
-        result = {"session": self.session_id, "turn": turn, **output.result_fields()}
+        errors.close()
+        result = {"session": self.session_id, "turn": turn, **output.result_fields(),
+                  **errors.result_fields()}
+        if running.exit_status is not None:
+            result["exit_status"] = running.exit_status
         if self.transcript is not None:
             transcript = self.transcript
             try:
@@ -1217,12 +1248,14 @@ class WorkerCore:
 
 
 def _kept_output(record: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a result or transcript line that say where a turn's output is."""
-    return {f: record[f] for f in ("reply", "output", "bytes") if f in record}
+    """The fields of a result or transcript line that say where a turn's output is, and how
+    its command ended."""
+    return {f: record[f] for f in (*FIELDS[STDOUT], *FIELDS[STDERR], "exit_status")
+            if f in record}
 
 
 @contextlib.asynccontextmanager
-async def _closing(chunks: AsyncIterator[str | bytes]) -> AsyncIterator[None]:
+async def _closing(chunks: AsyncIterator[Chunk]) -> AsyncIterator[None]:
     """Close an agent's chunk generator now, not at garbage collection (its processes die)."""
     try:
         yield

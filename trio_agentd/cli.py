@@ -1,7 +1,8 @@
 """The ``trio-agentd`` command line: the only place that calls ``trio.run`` and picks exit codes.
 
 Exit codes: 0 success, 1 failure, 2 usage error, 3 ``doctor`` found a problem it did not fix,
-141 (128 + SIGPIPE, as ``yes | head``) stdout was closed before everything was written.
+141 (128 + SIGPIPE, as ``yes | head``) stdout was closed before everything was written. A prompt
+exits with its agent's status instead (see :func:`prompt_exit_code`).
 The warm path (``trio-agentd -p TEXT`` with a daemon running) uses the blocking client and never
 imports trio.
 """
@@ -26,11 +27,16 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DOCTOR = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, as a shell reports it
 EXIT_PIPE = 128 + 13  # stdout closed early: the status a shell reports for death by SIGPIPE
+EXIT_OWN = 125  # a prompt failed in trio-agentd itself (as docker run, env and timeout say it)
 
 _EXIT_EPILOG = (
     "exit status: 0 success, 1 failure, 2 usage error, 3 doctor found a problem it did not fix,"
     " 141 stdout was closed early (e.g. `trio-agentd -p ... | head -1`): like `yes | head`"
-    " (128 + SIGPIPE), the command ends quietly, without a message"
+    " (128 + SIGPIPE), the command ends quietly, without a message. A prompt (-p) exits with"
+    " its agent's exit status instead: N as the agent exited, 128+N if it was killed by signal"
+    " N, 130 after Ctrl-C cancelled it, 126/127 if an exec: program cannot be run / is not"
+    " found, 125 if trio-agentd itself failed (the daemon, the session, the connection), 2 for"
+    " a usage error (nothing was sent); --json tells them apart for sure"
 )
 
 _GLOBAL_WITH_VALUE = {"--socket", "--daemon-socket", "--home", "--registry"}
@@ -334,13 +340,14 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
                 return _cmd_doctor(layout, args)
     except AgentdError as exc:
         _error(exc.message)
-        # Ctrl-C on -p cancelled the turn and the worker confirmed: as a shell's SIGINT
-        return EXIT_INTERRUPTED if exc.code == ErrorCode.COMMAND_CANCELLED else EXIT_FAIL
+        if args.command == "prompt":
+            return prompt_error_code(exc)  # never confused with the agent's own statuses
+        return EXIT_FAIL
     except BrokenPipeError:
         raise  # run() tells a closed stdout from any other broken pipe
     except OSError as exc:
         _report_os_error(exc)
-        return EXIT_FAIL
+        return EXIT_OWN if args.command == "prompt" else EXIT_FAIL
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED  # a second Ctrl-C: at once, without waiting for the worker
     return EXIT_USAGE
@@ -433,6 +440,29 @@ class _Answer:
             raise _StdoutClosed from None
 
 
+class _Diagnostics:
+    """Writes the agent's stderr to ours as it comes, byte for byte."""
+
+    def __init__(self) -> None:
+        self.buffer = getattr(sys.stderr, "buffer", None)
+        self.closed = False
+
+    def write_bytes(self, data: bytes) -> None:
+        if not data or self.closed:
+            return
+        try:
+            if self.buffer is None:  # stderr replaced by a text-only stream
+                sys.stderr.write(data.decode("utf-8", "replace"))
+                sys.stderr.flush()
+                return
+            self.buffer.write(data)
+            self.buffer.flush()
+        except BrokenPipeError:
+            # nobody reads our stderr: its diagnostics have nowhere to go; the answer (stdout)
+            # and the exit status still do, and the transcript keeps them
+            self.closed = True
+
+
 def _read_prompt_from_stdin() -> str | None:
     """The prompt on stdin, one trailing newline dropped; None if stdin is empty or closed."""
     stream = getattr(sys.stdin, "buffer", None)
@@ -454,6 +484,48 @@ def _client(layout: Layout, *, autostart: bool = True) -> Any:
     return client
 
 
+def prompt_exit_code(result: Any) -> int:
+    """The CLI's exit status for a prompt that was answered: the agent's own, as a shell
+    reports a command's (128 + N for death by signal N); 0 for an agent that reports none."""
+    status = result.get("exit_status") if isinstance(result, dict) else None
+    if not isinstance(status, int) or isinstance(status, bool):
+        return EXIT_OK
+    if status < 0:
+        return min(128 - status, 255)
+    return status & 0xFF
+
+
+def prompt_error_code(exc: AgentdError) -> int:
+    """The CLI's exit status for a prompt that failed: 130 once its cancel was confirmed
+    (Ctrl-C), the status the error names (126/127: an exec program cannot be run / is not
+    found), else 125 — trio-agentd's own, never confused with an agent's usual 1."""
+    if exc.code == ErrorCode.COMMAND_CANCELLED:
+        return EXIT_INTERRUPTED
+    status = exc.details.get("exit_status")
+    if isinstance(status, int) and not isinstance(status, bool) and 0 < status < 256:
+        return status
+    return EXIT_OWN
+
+
+def _json_text(data: bytes, field: str) -> dict[str, str]:
+    """A stream for --json: text if it is UTF-8, else base64 under ``FIELD_base64``."""
+    try:
+        return {field: data.decode()}
+    except UnicodeDecodeError:
+        import base64
+
+        return {f"{field}_base64": base64.b64encode(data).decode("ascii")}
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _cmd_prompt(layout: Layout, args: PromptArgs) -> int:
     text = args.text
     if text is None:
@@ -463,21 +535,37 @@ def _cmd_prompt(layout: Layout, args: PromptArgs) -> int:
             return EXIT_USAGE
     from ._syncclient import Output
 
-    client = _client(layout)
     out = _Answer()
-    # the agent's bytes, exactly, as they come; nothing added (a resend's repeat is skipped)
-    output = Output(out.write_bytes if not args.json else lambda _data: None)
+    err = _Diagnostics()
+    kept: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    # the agent's bytes, exactly, as they come, each stream to its own; nothing added (a
+    # resend's repeat is skipped). --json gathers them for the one object it prints
+    output = (
+        Output(kept["stdout"].append, kept["stderr"].append) if args.json
+        else Output(out.write_bytes, err.write_bytes)
+    )
+    client = _client(layout)
     result = client.request(
         "prompt",
         {"session": args.session, "text": text, "agent": args.agent, "cwd": os.getcwd()},
         on_event=output.on_event,
     )
     client.close()
-    if args.json:
-        out.write(json.dumps(result) + "\n")
-        return EXIT_OK
     output.finish(result)
-    return EXIT_OK
+    code = prompt_exit_code(result)
+    if args.json:
+        status = result.get("exit_status") if isinstance(result, dict) else None
+        out.write(json.dumps({
+            **result, "exit_status": status if isinstance(status, int) else None,
+            **_json_text(b"".join(kept["stdout"]), "stdout"),
+            **_json_text(b"".join(kept["stderr"]), "stderr"),
+        }) + "\n")
+        return code
+    status = result.get("exit_status") if isinstance(result, dict) else None
+    if isinstance(status, int) and status < 0 and -status not in (2, 13):
+        # as a shell says it for a foreground job (not for SIGINT or SIGPIPE)
+        _error(f"the agent was killed by {_signal_name(-status)}")
+    return code
 
 
 def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:

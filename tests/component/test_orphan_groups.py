@@ -43,7 +43,7 @@ async def test_the_group_is_reported_before_the_agent_runs(tmp_path: Path) -> No
     [(group, ran_before)] = seen
     assert not ran_before
     assert marker.exists()
-    assert int(b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks)) == group.pid
+    assert int(b"".join(c for c in chunks if isinstance(c, bytes))) == group.pid
     assert group.pgid == group.pid
     assert group.start_id is not None
 

@@ -211,3 +211,11 @@ def daemon_env(*, fresh_machine: bool = False, extra_env: dict[str, str] | None 
     finally:
         env.kill_all()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def failure_status(cp: subprocess.CompletedProcess[Any]) -> int:
+    """The exit status the CLI gives when trio-agentd itself fails: 125 for a prompt (never
+    confused with an agent's own status), 1 for every other command."""
+    from trio_agentd.cli import EXIT_FAIL, EXIT_OWN
+
+    return EXIT_OWN if "-p" in cp.args or "prompt" in cp.args else EXIT_FAIL

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from trio_agentd.cli import EXIT_OWN
+
 from .harness import DaemonEnv, daemon_env, wait_for
 
 RESTORED = re.compile(
@@ -91,7 +93,7 @@ def test_self_heal_off_leaves_the_supervisor_wedged_with_record_missing() -> Non
         rec_dir = env.owner_records()[0]
         (rec_dir / "owner.json").unlink()
         cp = env.run("-p", "again")
-        assert cp.returncode == 1
+        assert cp.returncode == EXIT_OWN
         assert "record was deleted on disk" in cp.stderr
         assert "doctor --fix" in cp.stderr
         assert cp.stderr.count("\n") == 1
@@ -262,7 +264,7 @@ def test_shutdown_stops_everything_and_removes_socket_and_record(denv: DaemonEnv
 def test_socket_path_over_sun_path_limit_is_refused(denv: DaemonEnv) -> None:
     long_sock = str(denv.root / "s" / ("x" * 120 + ".sock"))
     cp = denv.run("--socket", long_sock, "-p", "hi")
-    assert cp.returncode == 1
+    assert cp.returncode == EXIT_OWN
     assert "107-byte sun_path limit" in cp.stderr
 
 
@@ -277,7 +279,7 @@ def test_socket_dir_with_wrong_mode_is_refused(denv: DaemonEnv) -> None:
 
 def test_autostart_failure_reports_exit_code_and_log_tail(denv: DaemonEnv) -> None:
     cp = denv.run("-p", "hi", env={"TRIO_AGENTD_TIMING": '{"no_such_field": 1}'})
-    assert cp.returncode == 1
+    assert cp.returncode == EXIT_OWN
     assert "exited during startup with code 2" in cp.stderr
     assert "no_such_field" in cp.stderr
 
@@ -346,7 +348,7 @@ def test_a_session_lives_under_one_socket_at_a_time(denv: DaemonEnv) -> None:
     other = denv.socket_at("other.sock")
     assert denv.prompt("here", session="shared") == "[echo turn 1] here"
     cp = denv.run("--socket", other, "-p", "-s", "shared", "there")
-    assert cp.returncode == 1
+    assert cp.returncode == EXIT_OWN
     assert f"runs under the supervisor on {denv.socket}" in cp.stderr
     assert f"--socket {denv.socket}" in cp.stderr
     # once its worker is gone, another socket may take the session over, history intact

@@ -13,7 +13,7 @@ import trio
 import trio_agentd
 from trio_agentd import AgentdError
 
-from .harness import DaemonEnv
+from .harness import DaemonEnv, failure_status
 
 
 def test_cli_with_another_home_is_refused_naming_both(denv: DaemonEnv) -> None:
@@ -26,7 +26,7 @@ def test_cli_with_another_home_is_refused_naming_both(denv: DaemonEnv) -> None:
         (["-p", "x"], {"TRIO_AGENTD_HOME": str(other)}, "TRIO_AGENTD_HOME"),
     ):
         cp = denv.run(*args, env=env)
-        assert cp.returncode == 1, (args, cp.stderr)
+        assert cp.returncode == failure_status(cp), (args, cp.stderr)
         assert cp.stdout == ""
         err = cp.stderr
         assert err.count("\n") == 1, err
@@ -89,7 +89,7 @@ def _run_bare(env: DaemonEnv, *args: str, home: str | None, no_passwd: bool = Fa
 
 
 def _one_line_error(cp: subprocess.CompletedProcess[str]) -> str:
-    assert cp.returncode == 1, (cp.returncode, cp.stdout, cp.stderr)
+    assert cp.returncode == failure_status(cp), (cp.returncode, cp.stdout, cp.stderr)
     assert cp.stdout == ""
     assert cp.stderr.count("\n") == 1, cp.stderr
     assert cp.stderr.startswith("trio-agentd: error: ")

@@ -24,6 +24,7 @@ import pytest
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._paths import Layout
 from trio_agentd._syncclient import SyncClient
+from trio_agentd.cli import EXIT_OWN
 
 from .harness import DaemonEnv, daemon_env, wait_for
 
@@ -135,7 +136,7 @@ def test_stopped_worker_mid_turn_fails_the_waiting_prompt_and_answers_after_sigc
                 started = time.monotonic()
                 out, err = p.communicate(timeout=60)
                 took = time.monotonic() - started
-                assert p.returncode == 1, (out, err)
+                assert p.returncode == EXIT_OWN, (out, err)
                 assert out == ""
                 assert "answers nothing, not even a ping within 3s" in err, err
                 assert took < CLIENT_BOUND + 2.0, took

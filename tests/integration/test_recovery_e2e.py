@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from trio_agentd.cli import EXIT_OWN
+
 from .harness import DaemonEnv, daemon_env, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,7 +129,7 @@ def test_worker_kill9_mid_prompt_non_replayable_agent_reports_command_interrupte
         _kill9(worker)
         out, err = p.communicate(timeout=60)
         assert out == ""
-        assert p.returncode == 1
+        assert p.returncode == EXIT_OWN
         assert "interrupted by a worker restart" in err
         # it had started (its agent ran): the client is told to check before resending
         assert "it had started and may have had effects; check before sending it again" in err

@@ -35,7 +35,7 @@ import pytest
 
 from trio_agentd._version import APP_VERSION, PROTOCOL_VERSION
 
-from .harness import DaemonEnv, daemon_env, wait_for
+from .harness import DaemonEnv, daemon_env, failure_status, wait_for
 
 ATTACKER = 65534
 # the attacker cannot run the venv's python (it lives under /root): a system python, stdlib only
@@ -220,7 +220,7 @@ def assert_refused(cp: subprocess.CompletedProcess[str], path: Path,
                    words: tuple[str, ...] = ("owned", "mode")) -> None:
     out = cp.stdout + cp.stderr
     assert "Traceback" not in out, out
-    assert cp.returncode == 1, out
+    assert cp.returncode == failure_status(cp), out
     lines = cp.stderr.strip().splitlines()
     assert len(lines) == 1, cp.stderr
     assert lines[0].startswith("trio-agentd: error: "), cp.stderr

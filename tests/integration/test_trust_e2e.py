@@ -17,6 +17,7 @@ import trio
 
 import trio_agentd
 from trio_agentd import AgentdError
+from trio_agentd.cli import EXIT_OWN
 
 from .harness import DaemonEnv, wait_for
 
@@ -80,7 +81,7 @@ def test_cli_refuses_a_socket_dir_others_may_enter_and_sends_nothing(denv: Daemo
         cp = denv.run("-p", "my secret prompt")
     finally:
         listener.close()
-    assert cp.returncode == 1
+    assert cp.returncode == EXIT_OWN
     assert cp.stderr.count("\n") == 1
     assert "Traceback" not in cp.stderr
     assert cp.stderr.startswith(f"trio-agentd: error: socket directory {denv.root / 's'}")
@@ -127,7 +128,7 @@ def test_a_journal_others_can_write_is_refused_not_replayed(denv: DaemonEnv) -> 
     wait_for(lambda: not denv.our_pids(), timeout=20, what="everything to stop")
     os.chmod(journal, 0o666)
     cp = denv.run("-p", "-s", "j", "two")
-    assert cp.returncode == 1
+    assert cp.returncode == EXIT_OWN
     assert "Traceback" not in cp.stderr
     log = Path(next((denv.home / "sessions" / "j").glob("worker.log"))).read_text()
     assert f"{journal} has mode 0666 (group or others may write it) — not trusted" in log

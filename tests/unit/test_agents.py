@@ -22,9 +22,12 @@ import trio.testing
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd.agents import (
     Agent,
+    Chunk,
     EchoAgent,
     ExecAgent,
+    ExitStatus,
     ShellAgent,
+    Stderr,
     TurnContext,
     load_agent,
     validate_agent_spec,
@@ -42,7 +45,7 @@ def make_ctx(cwd: Path, *, turn: int = 1) -> TurnContext:
 @contextlib.asynccontextmanager
 async def turn_bytes(
     agent: Agent, prompt: str, ctx: TurnContext
-) -> AsyncIterator[AsyncGenerator[str | bytes, None]]:
+) -> AsyncIterator[AsyncGenerator[Chunk, None]]:
     """The turn's chunks as the agent yields them, closed on the way out even if the test
     fails half-way through."""
     chunks = agent.turn(prompt, ctx)
@@ -57,8 +60,10 @@ async def turn(
 ) -> AsyncIterator[AsyncGenerator[str, None]]:
     """The turn's chunks as text (bytes decoded as UTF-8; no chunk here splits a character)."""
 
-    async def text(chunks: AsyncGenerator[str | bytes, None]) -> AsyncGenerator[str, None]:
+    async def text(chunks: AsyncGenerator[Chunk, None]) -> AsyncGenerator[str, None]:
         async for chunk in chunks:
+            if isinstance(chunk, (Stderr, ExitStatus)):
+                continue  # the reply only; see outcome()
             yield chunk.decode() if isinstance(chunk, bytes) else chunk
 
     async with turn_bytes(agent, prompt, ctx) as chunks:
@@ -75,6 +80,22 @@ async def reply_chunks(agent: Agent, prompt: str, ctx: TurnContext) -> list[str]
 
 async def reply(agent: Agent, prompt: str, ctx: TurnContext) -> str:
     return "".join(await reply_chunks(agent, prompt, ctx))
+
+
+async def outcome(agent: Agent, prompt: str, ctx: TurnContext) -> tuple[bytes, bytes, list[int]]:
+    """The turn's stdout and stderr bytes, and the exit statuses it yielded (each must be last)."""
+    out, err, statuses = bytearray(), bytearray(), list[int]()
+    with trio.fail_after(DEADLINE):
+        async with turn_bytes(agent, prompt, ctx) as chunks:
+            async for chunk in chunks:
+                assert not statuses, f"{chunk!r} after the exit status"
+                if isinstance(chunk, ExitStatus):
+                    statuses.append(chunk.code)
+                elif isinstance(chunk, Stderr):
+                    err += chunk.data.encode() if isinstance(chunk.data, str) else chunk.data
+                else:
+                    out += chunk.encode() if isinstance(chunk, str) else chunk
+    return bytes(out), bytes(err), statuses
 
 
 def script_agent(kind: str, script: str, **kwargs: float) -> tuple[Agent, str]:
@@ -161,7 +182,7 @@ async def test_bytes_pass_as_they_come_even_half_a_character(tmp_path: Path) -> 
     # é is \303\251 in UTF-8; the script stops between the two bytes: output is bytes, and
     # the first half is passed on at once (the client decodes, not the agent)
     agent = ShellAgent()
-    chunks: list[str | bytes] = []
+    chunks: list[Chunk] = []
     script = r"printf 'x\303'; read go < gate; printf '\251\n'"
     with gate(tmp_path / "gate") as gate_fd, trio.fail_after(DEADLINE):
         async with turn_bytes(agent, script, make_ctx(tmp_path)) as output:
@@ -170,7 +191,7 @@ async def test_bytes_pass_as_they_come_even_half_a_character(tmp_path: Path) -> 
                 if len(chunks) == 1:
                     assert chunk == b"x\303"
                     open_gate(gate_fd)
-    assert chunks == [b"x\303", b"\251\n"]
+    assert chunks == [b"x\303", b"\251\n", ExitStatus(0)]
 
 
 async def test_binary_output_is_passed_on_exactly(tmp_path: Path) -> None:
@@ -185,49 +206,55 @@ async def test_binary_output_is_passed_on_exactly(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("script", "expected"),
+    ("script", "stdout", "status"),
     [
-        ("echo ok", "ok\n"),
-        ("echo out; exit 3", "out\n[exit status 3]\n"),
-        ("printf out; exit 2", "out\n[exit status 2]\n"),
-        ("exit 7", "[exit status 7]\n"),
-        ("kill -KILL $$", "[killed by SIGKILL]\n"),
+        ("echo ok", b"ok\n", 0),
+        ("echo out; exit 3", b"out\n", 3),
+        ("printf out; exit 2", b"out", 2),
+        ("exit 7", b"", 7),
+        ("kill -KILL $$", b"", -signal.SIGKILL),
     ],
 )
-async def test_shell_reports_a_failed_exit_as_a_final_chunk(
-    tmp_path: Path, script: str, expected: str
+async def test_shell_ends_its_turn_with_the_exit_status_and_adds_nothing_to_the_reply(
+    tmp_path: Path, script: str, stdout: bytes, status: int
 ) -> None:
-    chunks = await reply_chunks(ShellAgent(), script, make_ctx(tmp_path))
-    assert "".join(chunks) == expected
-    if "[" in expected:
-        assert chunks[-1].lstrip("\n") == expected[expected.index("[") :]
+    assert await outcome(ShellAgent(), script, make_ctx(tmp_path)) == (stdout, b"", [status])
 
 
 @pytest.mark.parametrize(
-    ("spec", "expected"),
+    ("spec", "stdout", "status"),
     [
-        ("exec:sh -c 'echo x; exit 4'", "x\n[exit status 4]\n"),
-        ("exec:false", "[exit status 1]\n"),
-        ("exec:true", ""),
+        ("exec:sh -c 'echo x; exit 4'", b"x\n", 4),
+        ("exec:false", b"", 1),
+        ("exec:true", b"", 0),
     ],
 )
-async def test_exec_reports_a_failed_exit_as_a_final_chunk(
-    tmp_path: Path, spec: str, expected: str
+async def test_exec_ends_its_turn_with_the_exit_status(
+    tmp_path: Path, spec: str, stdout: bytes, status: int
 ) -> None:
-    assert await reply(load_agent(spec), "", make_ctx(tmp_path)) == expected
+    assert await outcome(load_agent(spec), "", make_ctx(tmp_path)) == (stdout, b"", [status])
 
 
-async def test_shell_reply_has_stderr_interleaved(tmp_path: Path) -> None:
-    got = await reply(ShellAgent(), "echo out; echo err >&2; echo more", make_ctx(tmp_path))
-    assert got == "out\nerr\nmore\n"
+@pytest.mark.parametrize("kind", ["shell", "exec"])
+async def test_stderr_comes_apart_from_the_reply_byte_for_byte(tmp_path: Path, kind: str) -> None:
+    script = "echo out; printf 'err\\377\\n' >&2; echo more; exit 5"
+    agent, prompt = script_agent(kind, script)
+    assert await outcome(agent, prompt, make_ctx(tmp_path)) == (
+        b"out\nmore\n", b"err\xff\n", [5]
+    )
 
 
-async def test_exec_stderr_goes_to_the_workers_stderr(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    agent = load_agent("exec:sh -c 'echo out; echo oops-on-stderr >&2'")
-    assert await reply(agent, "", make_ctx(tmp_path)) == "out\n"
-    assert "oops-on-stderr" in capfd.readouterr().err
+async def test_stderr_streams_as_it_comes_not_at_the_end(tmp_path: Path) -> None:
+    # the first stderr piece arrives while the program still waits for its go-ahead file
+    go = tmp_path / "go"
+    script = f"echo first >&2; while [ ! -e {go} ]; do sleep 0.01; done; echo done"
+    with trio.fail_after(DEADLINE):
+        async with turn_bytes(ShellAgent(), script, make_ctx(tmp_path)) as chunks:
+            first = await chunks.__anext__()
+            assert first == Stderr(b"first\n")
+            go.touch()
+            rest = [c async for c in chunks]
+    assert rest == [b"done\n", ExitStatus(0)]
 
 
 @contextlib.contextmanager
@@ -421,7 +448,7 @@ async def test_a_turn_dropped_while_its_consumer_is_cancelled_still_kills_its_gr
         gen = agent.turn(GROUP_SCRIPT, make_ctx(tmp_path))
         with trio.CancelScope() as scope:
             async for chunk in gen:
-                seen += chunk.decode() if isinstance(chunk, bytes) else chunk
+                seen += chunk.decode() if isinstance(chunk, bytes) else str(chunk)
                 if "ready" in seen:
                     pids = read_group(tmp_path)
                     fds = stack.enter_context(watched(pids))

@@ -11,19 +11,21 @@ leader's exit on its own pidfd instead, which does not reap.
 No orphans: the leader starts as a tiny ``/bin/sh`` gate that waits for one line on its stdin
 before it becomes the real program by ``exec`` (same pid, group and start id). In between, the
 runner tells ``ctx.on_group`` the group's identity (the worker journals it), and only then
-writes the line. So every group that ever runs an agent's work is in the journal; a worker killed
-mid-turn leaves it running (nobody else stops it), and the worker that starts next for the
-session stops it (:func:`stop_orphan_group`, identity-checked). A worker killed before the
+writes the line. So every group that ever runs an agent's work is in the journal; a worker
+killed mid-turn leaves it running (nobody else stops it), and the worker that starts next for
+the session stops it (:func:`stop_orphan_group`, identity-checked). A worker killed before the
 line is written closes the pipe, and the gate exits having run nothing.
 
-Output is read from a pipe and yielded chunk by chunk as it arrives; the turn lasts until the
-output pipe is closed by every holder *and* the leader has exited (as ``$(...)`` in a shell
-does). The prompt of an ``exec`` turn goes to the child's stdin through a pipe. Writing it must
-not wait for the child to read it all: a child that writes a lot before reading the rest (``cat``
-with a large prompt) would fill its stdout pipe while we sit on a full stdin pipe. So the writer
-runs next to every wait for output, in a nursery that closes before each chunk is yielded (a
-nursery must not stay open across a ``yield`` of an async generator), and it is resumable: it
-writes with non-blocking ``os.write`` and keeps its own offset, so cancelling it loses nothing.
+Output is read from two pipes, stdout and stderr, and yielded chunk by chunk as it arrives
+(stderr as :class:`Stderr` pieces); the turn lasts until both pipes are closed by every holder
+*and* the leader has exited (as ``$(...)`` in a shell does), and ends with the leader's
+:class:`ExitStatus`. The prompt of an ``exec`` turn goes to the child's stdin through a pipe.
+Writing it must not wait for the child to read it all: a child that writes a lot before reading
+the rest (``cat`` with a large prompt) would fill its stdout pipe while we sit on a full stdin
+pipe. So the writer runs next to every wait for output, in a nursery that closes before each
+chunk is yielded (a nursery must not stay open across a ``yield`` of an async generator), and it
+is resumable: it writes with non-blocking ``os.write`` and keeps its own offset, so cancelling
+it loses nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from .._identity import (
     read_start_id,
     signal_group_identity_checked,
 )
-from ._base import TurnContext
+from ._base import Chunk, ExitStatus, Stderr, TurnContext
 
 _T = TypeVar("_T")
 
@@ -98,22 +100,8 @@ def child_environment(ctx: TurnContext) -> dict[str, str]:
     }
 
 
-def exit_chunk(returncode: int, *, at_line_start: bool) -> str | None:
-    """The last chunk of a turn whose process did not succeed, or ``None`` if it did.
-
-    A reply is text for people and programs alike, so the status starts on a line of its own and
-    ends one. A negative return code is a death by signal (``subprocess`` convention).
-    """
-    if returncode == 0:
-        return None
-    if returncode < 0:
-        try:
-            what = f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            what = f"killed by signal {-returncode}"
-    else:
-        what = f"exit status {returncode}"
-    return ("" if at_line_start else "\n") + f"[{what}]\n"
+CANNOT_RUN, NOT_FOUND = 126, 127
+"""The exit status a spawn error reports (as a shell's for a command it cannot run / find)."""
 
 
 def _spawn_error(argv: Sequence[str], cwd: Path, exc: OSError) -> AgentdError:
@@ -135,12 +123,14 @@ def _spawn_error(argv: Sequence[str], cwd: Path, exc: OSError) -> AgentdError:
             ErrorCode.BAD_REQUEST,
             f"agent exec:{shlex.join(argv)}: no executable {where} — install it, or name it by"
             f" its full path (exec:/full/path/to/{os.path.basename(name)} ...)",
+            {"exit_status": NOT_FOUND},
         )
     if isinstance(exc, PermissionError):
         return AgentdError(
             ErrorCode.BAD_REQUEST,
             f"agent exec:{shlex.join(argv)}: {name!r} is not executable ({exc.strerror}) — make"
             f" it executable (chmod +x) or name another program",
+            {"exit_status": CANNOT_RUN},
         )
     return AgentdError(
         ErrorCode.BAD_REQUEST,
@@ -229,12 +219,16 @@ class _GroupRun:
     """One started child leading its own process group, and the plumbing around it."""
 
     def __init__(
-        self, name: str, proc: trio.Process, stdout: trio.abc.ReceiveStream, pidfd: int,
-        feeder: _StdinFeeder | None,
+        self, name: str, proc: trio.Process, pidfd: int, feeder: _StdinFeeder | None,
     ) -> None:
         self.name = name
         self.proc = proc
-        self.stdout = stdout
+        # the output pipes still open, each read raw (non-blocking) from its descriptor
+        self.pipes: dict[bool, trio.lowlevel.FdStream] = {}  # is stderr → its pipe
+        for is_err, pipe in ((False, proc.stdout), (True, proc.stderr)):
+            if pipe is not None:
+                assert isinstance(pipe, trio.lowlevel.FdStream)
+                self.pipes[is_err] = pipe
         self.pidfd = pidfd
         self.feeder = feeder
         self.leader_exited = False
@@ -264,7 +258,7 @@ class _GroupRun:
                     ["/bin/sh", "-c", script, "sh", *argv],
                     stdin=child_stdin,
                     stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT if merge_stderr else None,
+                    stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                     cwd=ctx.cwd,
                     env=env,
                     start_new_session=True,
@@ -295,6 +289,8 @@ class _GroupRun:
             with trio.move_on_after(_REAP_BOUND, shield=True):
                 await proc.wait()
                 await proc.stdout.aclose()
+                if proc.stderr is not None:
+                    await proc.stderr.aclose()
             if pidfd >= 0:
                 os.close(pidfd)
             if isinstance(exc, OSError):
@@ -302,7 +298,7 @@ class _GroupRun:
                     ErrorCode.INTERNAL, f"cannot start the process of {argv[0]!r}: {exc}"
                 ) from None
             raise
-        return cls(argv[0], proc, proc.stdout, pidfd, feeder)
+        return cls(argv[0], proc, pidfd, feeder)
 
     async def _feeding(self, wait: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``wait`` while the prompt is still being written; the writer stops when it ends."""
@@ -322,13 +318,28 @@ class _GroupRun:
             ) from group
         return result
 
-    async def receive(self) -> bytes | bytearray:
-        """The next piece of output, ``b""`` once nobody holds the output pipe any more."""
+    async def receive(self) -> tuple[bool, bytes]:
+        """The next piece of output from either pipe, as ``(from stderr, data)``; ``b""`` once
+        nobody holds either pipe any more."""
+        return await self._feeding(self._read_either)
 
-        async def read() -> bytes | bytearray:
-            return await self.stdout.receive_some(_READ_SIZE)
-
-        return await self._feeding(read)
+    async def _read_either(self) -> tuple[bool, bytes]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while self.pipes:
+            for is_err, pipe in list(self.pipes.items()):
+                try:
+                    data = os.read(pipe.fileno(), _READ_SIZE)
+                except BlockingIOError:
+                    continue
+                if not data:  # every holder closed it
+                    del self.pipes[is_err]
+                    await pipe.aclose()
+                    continue
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return is_err, data
+            if self.pipes:
+                await _wait_any_readable([p.fileno() for p in self.pipes.values()])
+        return False, b""
 
     async def wait_leader_exit(self) -> None:
         """Wait until the leader has exited, without reaping it (see the module docstring)."""
@@ -368,7 +379,24 @@ class _GroupRun:
             trio.lowlevel.notify_closing(self.pidfd)
             os.close(self.pidfd)
             with trio.move_on_after(1, shield=True):
-                await self.stdout.aclose()
+                for pipe in self.pipes.values():
+                    await pipe.aclose()
+                self.pipes.clear()
+
+
+async def _wait_any_readable(fds: list[int]) -> None:
+    """Until one of ``fds`` (at most two) is readable."""
+    if len(fds) == 1:
+        await trio.lowlevel.wait_readable(fds[0])
+        return
+    async with trio.open_nursery() as nursery:
+
+        async def wait(fd: int) -> None:
+            await trio.lowlevel.wait_readable(fd)
+            nursery.cancel_scope.cancel()
+
+        for fd in fds:
+            nursery.start_soon(wait, fd)
 
 
 def _close_gate(write_end: int, feeder: _StdinFeeder | None) -> None:
@@ -392,19 +420,20 @@ async def run_command(
     stdin: bytes | None,
     merge_stderr: bool,
     kill_grace: float = KILL_GRACE,
-) -> AsyncGenerator[bytes, None]:
+) -> AsyncGenerator[Chunk, None]:
     """Run ``argv`` as one turn, yielding its output bytes as they arrive, exactly.
 
     Args:
         argv: the program and its arguments (no shell).
         ctx: the turn; its ``cwd`` is the child's directory, its ids go into the environment.
         stdin: bytes for the child's stdin, or ``None`` for ``/dev/null``.
-        merge_stderr: send the child's stderr into the output too; otherwise it is inherited
-            (the worker's stderr, i.e. its log).
+        merge_stderr: send the child's stderr into the output (one pipe keeps the order the
+            two were written in); otherwise it comes as :class:`Stderr` pieces of its own.
         kill_grace: seconds between SIGTERM and SIGKILL when the turn is cancelled.
 
-    Output is passed on byte for byte (binary-safe). A process that does not succeed adds a
-    final chunk such as ``[exit status 3]``; that is a reply, not an error.
+    Output is passed on byte for byte (binary-safe). The last item is the leader's
+    :class:`ExitStatus` (negative: killed by that signal); a failing program is a reply with a
+    status, not an error.
 
     Raises:
         AgentdError: ``bad_request`` if the program or the directory cannot be used.
@@ -415,11 +444,12 @@ async def run_command(
     finalizer for a generator dropped unexhausted).
     """
     run = await _GroupRun.start(argv, ctx=ctx, stdin=stdin, merge_stderr=merge_stderr)
-    at_line_start = True
     try:
-        while data := await run.receive():
-            at_line_start = data.endswith(b"\n")
-            yield bytes(data)
+        while True:
+            is_err, data = await run.receive()
+            if not data:
+                break
+            yield Stderr(data) if is_err else data
         await run.wait_leader_exit()
     finally:
         with trio.move_on_after(kill_grace + _REAP_BOUND, shield=True):
@@ -428,9 +458,7 @@ async def run_command(
         raise AgentdError(
             ErrorCode.INTERNAL, f"the process of {argv[0]!r} (pid {run.proc.pid}) was not reaped"
         )
-    chunk = exit_chunk(run.returncode, at_line_start=at_line_start)
-    if chunk is not None:
-        yield chunk.encode()
+    yield ExitStatus(run.returncode)
 
 
 class ExecAgent:
@@ -447,12 +475,12 @@ class ExecAgent:
         self.argv = tuple(argv)
         self.kill_grace = kill_grace
 
-    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[bytes]:
-        """Run the command with the prompt on its stdin (then closed); yield its stdout.
+    def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[Chunk]:
+        """Run the command with the prompt on its stdin (then closed); yield its stdout, its
+        stderr as :class:`Stderr` pieces, and last its :class:`ExitStatus`.
 
-        The command runs in ``ctx.cwd`` with the worker's environment plus
-        ``TRIO_AGENTD_SESSION`` and ``TRIO_AGENTD_TURN``; its stderr goes to the worker's
-        stderr. A non-zero exit ends the reply with ``[exit status N]``.
+        The command runs in ``ctx.cwd`` with the session's environment plus
+        ``TRIO_AGENTD_SESSION`` and ``TRIO_AGENTD_TURN``.
 
         Raises:
             AgentdError: ``bad_request`` (on first iteration) if the program is not found or
