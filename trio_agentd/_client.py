@@ -48,7 +48,8 @@ _RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
 # a direct route that fails with these goes back to the supervisor for a new one
 _REROUTE = frozenset({ErrorCode.WORKER_UNAVAILABLE, ErrorCode.GRANT_REFUSED})
 _GRANT_MARGIN = 5.0  # seconds: a grant this close to its expiry is renewed before use
-_EVENTS_BUFFERED = 64  # per request; a consumer that falls behind pauses the connection
+_EVENTS_BUFFERED = 8  # per request (chunks of up to 256 KiB: 2 MiB); a consumer that falls
+# behind pauses the connection
 _NO_RESEND = frozenset({"shutdown", "restart"})
 
 
@@ -323,7 +324,9 @@ class Client:
         """
         session = str(args.get("session") or "default")
         agent = args.get("agent")
-        worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False}
+        # output bytes come raw after each chunk's frame, not base64 in it
+        worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False,
+                       "raw": True}
         deadline = trio.current_time() + RETRY_FOR
         delay = 0.025
         fresh = False

@@ -90,8 +90,16 @@ class Response(_Msg, tag="response"):
 
 
 class Event(_Msg, tag="event"):
+    """Something a request produced before its response (an output chunk).
+
+    ``raw`` > 0: exactly that many bytes follow the frame's newline, unencoded: the event's
+    ``data``, which the frame itself leaves out. Sent only to a peer that asked for it (the
+    request's ``raw`` argument); a reader puts the bytes back as ``event["data"]``.
+    """
+
     id: RequestId
     event: dict[str, Any]
+    raw: int = 0
 
 
 # --- the private worker link -------------------------------------------------------------
@@ -149,6 +157,11 @@ _decoder: msgspec.json.Decoder[Message] = msgspec.json.Decoder(Message)
 def encode(msg: Message) -> bytes:
     """One frame: the message as compact JSON plus a newline."""
     return _encoder.encode(msg) + b"\n"
+
+
+def encode_raw_event(request_id: RequestId, event: dict[str, Any], data: bytes) -> bytes:
+    """The header frame of an event whose ``data`` follows it raw (see :class:`Event`)."""
+    return encode(Event(id=request_id, event=event, raw=len(data)))
 
 
 def decode(line: bytes) -> Message:

@@ -949,9 +949,17 @@ class Supervisor:
         if not isinstance(text, str):
             raise AgentdError(ErrorCode.BAD_REQUEST, "prompt needs a string 'text'")
 
+        raw = args.get("raw") is True
+
         async def relay(event: dict[str, Any]) -> None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await ms.send(EventMsg(id=req.id, event=event))
+                data = event.get("data")
+                if raw and isinstance(data, bytes):
+                    # the worker sent it raw (it was asked to): pass it on the same way
+                    await ms.send_event_raw(
+                        req.id, {k: v for k, v in event.items() if k != "data"}, data)
+                else:
+                    await ms.send(EventMsg(id=req.id, event=event))
 
         while True:
             h = await self.get_session(
@@ -966,7 +974,7 @@ class Supervisor:
                     # the worker decides what to stream: everything if asked, else only an
                     # answer too big to come whole
                     {"text": text, "command_id": req.id,
-                     "stream": args.get("stream", True) is not False},
+                     "stream": args.get("stream", True) is not False, "raw": raw},
                     client_id=req.client_id,
                     on_event=relay,
                 )

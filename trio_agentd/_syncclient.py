@@ -158,6 +158,18 @@ class _Conn:
             raise _Malformed(ErrorCode.INTERNAL, f"daemon sent a frame that {kind}") from None
         if not isinstance(obj, dict):
             raise _Malformed(ErrorCode.INTERNAL, "daemon sent a non-object frame")
+        raw = obj.get("raw")
+        if obj.get("type") == "event" and isinstance(raw, int) and not isinstance(raw, bool) and raw:
+            # the event's bytes follow its frame, unencoded
+            if not 0 < raw <= MAX_FRAME or not isinstance(obj.get("event"), dict):
+                raise _Malformed(ErrorCode.INTERNAL, "daemon sent a malformed raw event")
+            while len(self.buf) < raw:
+                chunk = self.sock.recv(max(_RECV_SIZE, raw - len(self.buf)))
+                if not chunk:
+                    return None
+                self.buf += chunk
+            obj["event"]["data"] = bytes(self.buf[:raw])
+            del self.buf[:raw]
         return obj
 
     def send(self, obj: dict[str, Any], timeout: float | None = None) -> None:
@@ -400,7 +412,9 @@ class SyncClient:
         answers nothing, not even a ping, fails the prompt with ``worker_unresponsive`` (see
         :class:`_Liveness`)."""
         session = str(args.get("session") or "default")
-        worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False}
+        # output bytes come raw after each chunk's frame, not base64 in it
+        worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False,
+                       "raw": True}
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": "prompt",
                  "args": worker_args}
         route_args: dict[str, Any] = {k: args[k] for k in ("agent", "cwd", "env") if k in args}

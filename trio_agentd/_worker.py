@@ -404,6 +404,7 @@ class _Running:
         self.listener: _Conn | None = listener
         self.request_id = request_id
         self.stream = True  # the listener wants the chunks as they come
+        self.raw = False  # ... with their bytes raw after each frame (not base64)
         # replaced by the turn's own when it starts
         self.outputs = {STDOUT: TurnOutput(None), STDERR: TurnOutput(None, STDERR)}
         # per stream, bytes the current listener has been sent
@@ -820,6 +821,21 @@ class WorkerCore:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await conn.ms.send(msg)
 
+    async def _send_chunk(
+        self, conn: _Conn, request_id: Any, at: int, piece: bytes, stream: str, *, raw: bool
+    ) -> None:
+        """One output chunk event: its bytes raw after the frame if the request asked for
+        that, else base64 in it."""
+        if not raw:
+            await self._respond(conn, Event(id=request_id, event=chunk_event(at, piece, stream)))
+            return
+        if conn.dropped:
+            return
+        event = chunk_event(at, b"", stream)
+        del event["data"]
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await conn.ms.send_event_raw(request_id, event, piece)
+
     async def _handle_counted(self, conn: _Conn, req: Request) -> None:
         try:
             await self._handle(conn, req)
@@ -955,6 +971,7 @@ class WorkerCore:
             running.listener = conn
             running.request_id = req.id
             running.stream = req.args.get("stream", True) is not False
+            running.raw = req.args.get("raw") is True
             running.sent_to = dict.fromkeys(STREAMS, 0)
             await self._catch_up(running)
         await running.done.wait()
@@ -1018,8 +1035,8 @@ class WorkerCore:
                 await self._catch_up(running)
                 return
             for offset, piece in pieces(data):
-                await self._respond(listener, Event(
-                    id=running.request_id, event=chunk_event(at + offset, piece, stream)))
+                await self._send_chunk(listener, running.request_id, at + offset, piece, stream,
+                                       raw=running.raw)
             running.sent_to[stream] = at + len(data)
 
     async def _catch_up(self, running: _Running) -> None:
@@ -1029,8 +1046,8 @@ class WorkerCore:
             return
         for stream, output in running.outputs.items():
             for at, piece in output.read(running.sent_to[stream]):
-                await self._respond(listener, Event(id=running.request_id,
-                                                    event=chunk_event(at, piece, stream)))
+                await self._send_chunk(listener, running.request_id, at, piece, stream,
+                                       raw=running.raw)
                 running.sent_to[stream] = at + len(piece)
 
     def _done_result(self, k: _journal.Key) -> tuple[bool, Any] | None:
@@ -1067,8 +1084,8 @@ class WorkerCore:
             # a resend of a finished command gets its whole output again
             for stream in STREAMS:
                 for at, piece in stored_pieces(result, stream):
-                    await self._respond(conn, Event(id=req.id,
-                                                    event=chunk_event(at, piece, stream)))
+                    await self._send_chunk(conn, req.id, at, piece, stream,
+                                           raw=req.args.get("raw") is True)
         if completed:
             answer = ok(req.id, result)
         elif result is None:

@@ -1,0 +1,66 @@
+"""A command-line agent that behaves like an LLM CLI, for end-to-end tests.
+
+Run as a program (``exec:python fake_llm.py``) it reads the prompt on stdin and answers on
+stdout a few tokens at a time, with small delays; it writes progress to stderr, runs a child
+"tool" process and includes the tool's output, and exits with a chosen status. The prompt
+steers it with ``key=value`` words; every other word is echoed back as a token:
+
+- ``exit=N``: exit with status N (default 0).
+- ``tool=NAME``: run ``sh -c 'echo tool NAME ran; sleep $TOOL_SLEEP'`` as a child process and
+  include its output; ``tool_sleep=S`` makes the tool run S seconds (for cancel tests). The
+  tool's pid is appended to ``$FAKE_LLM_PIDS`` when that names a file.
+- ``tokens=N``: answer with N extra numbered tokens (big answers).
+- ``delay=S``: seconds between tokens (default 0.005).
+
+It never reads its environment for anything but ``FAKE_LLM_PIDS``, and uses only the standard
+library, so it runs with any Python.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+
+def _stream(text: str, delay: float) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    if delay:
+        time.sleep(delay)
+
+
+def main() -> int:
+    prompt = sys.stdin.read()
+    settings: dict[str, str] = {}
+    words: list[str] = []
+    for word in prompt.split():
+        key, eq, value = word.partition("=")
+        if eq and key.isidentifier():
+            settings[key] = value
+        else:
+            words.append(word)
+    delay = float(settings.get("delay", "0.005"))
+    print(f"thinking about {len(words)} words", file=sys.stderr, flush=True)
+    _stream("answer:", delay)
+    for word in words:
+        _stream(f" {word}", delay)
+    for i in range(int(settings.get("tokens", "0"))):
+        _stream(f" t{i}", 0)
+    _stream("\n", 0)
+    if "tool" in settings:
+        print(f"calling tool {settings['tool']}", file=sys.stderr, flush=True)
+        script = f"echo tool {settings['tool']} ran; sleep {settings.get('tool_sleep', '0')}"
+        tool = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE)
+        if pids := os.environ.get("FAKE_LLM_PIDS"):
+            with open(pids, "a") as f:
+                f.write(f"{tool.pid}\n")
+        out, _ = tool.communicate()
+        _stream(out.decode(), 0)
+    print("done", file=sys.stderr, flush=True)
+    return int(settings.get("exit", "0"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""An LLM-like CLI agent (tests/fake_llm.py) hosted by trio-agentd, driven through the CLI as a
+user types it: streamed tokens, progress on stderr, a child tool process, chosen exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from .harness import DaemonEnv, wait_for
+
+CLI = str(Path(sys.executable).parent / "trio-agentd")
+FAKE_LLM = Path(__file__).resolve().parent.parent / "fake_llm.py"
+AGENT = f"exec:{shlex.quote(sys.executable)} {shlex.quote(str(FAKE_LLM))}"
+
+
+def cli(env: DaemonEnv, *args: str, stdin: bytes | None = None,
+        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [CLI, *args], env={**env.env, **(extra_env or {})}, capture_output=True, timeout=60,
+        input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1][1:2]
+    except OSError:
+        return True
+    return state in (b"Z", b"X")
+
+
+def test_tokens_stderr_tool_and_exit_status_as_a_user_sees_them(denv: DaemonEnv) -> None:
+    cp = cli(denv, "-p", "-s", "llm", "--agent", AGENT, "hello there tool=grep exit=3")
+    assert cp.returncode == 3, cp.stderr
+    assert cp.stdout == b"answer: hello there\ntool grep ran\n"
+    assert cp.stderr == b"thinking about 2 words\ncalling tool grep\ndone\n"
+    # the same session takes the next prompt; success exits 0
+    ok = cli(denv, "-p", "-s", "llm", "again")
+    assert (ok.returncode, ok.stdout) == (0, b"answer: again\n"), ok.stderr
+
+
+def test_the_prompt_comes_from_stdin_like_any_unix_tool(denv: DaemonEnv) -> None:
+    cp = cli(denv, "-p", "-s", "in", "--agent", AGENT, stdin=b"piped words exit=4\n")
+    assert (cp.returncode, cp.stdout) == (4, b"answer: piped words\n"), cp.stderr
+    cp = cli(denv, "-p", "-s", "in", "-", stdin=b"dash too\n")
+    assert (cp.returncode, cp.stdout) == (0, b"answer: dash too\n"), cp.stderr
+
+
+def test_tokens_stream_before_the_agent_ends(denv: DaemonEnv) -> None:
+    # the tool sleeps long after the tokens were written: they must arrive before it ends
+    pids = denv.root / "tool.pids"
+    p = subprocess.Popen(
+        [CLI, "-p", "-s", "st", "--agent", AGENT, "early words tool=t tool_sleep=30"],
+        env={**denv.env, "FAKE_LLM_PIDS": str(pids)}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    denv.procs.append(p)  # type: ignore[arg-type]  # teardown kills it if the test fails
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], 30)
+    assert ready, "no tokens within 30 s"
+    assert p.stdout.readline() == b"answer: early words\n"
+    assert p.poll() is None
+    p.send_signal(signal.SIGINT)  # Ctrl-C: cancels the turn, tool and all
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert b"Traceback" not in err
+    tool = int(wait_for(lambda: pids.read_text().split(), timeout=10, what="tool pid")[0])
+    assert _gone(tool)
+    # the session serves the next prompt at once
+    cp = cli(denv, "-p", "-s", "st", "next")
+    assert (cp.returncode, cp.stdout) == (0, b"answer: next\n"), cp.stderr
+
+
+def test_a_closed_stdout_ends_the_cli_quietly(denv: DaemonEnv) -> None:
+    p = subprocess.Popen(
+        [CLI, "-p", "-s", "big", "--agent", AGENT, "many tokens=400000 delay=0"],
+        env=denv.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    denv.procs.append(p)  # type: ignore[arg-type]
+    assert p.stdout is not None
+    assert p.stderr is not None
+    assert os.read(p.stdout.fileno(), 8) == b"answer: "
+    p.stdout.close()  # as `| head -c 8` does, with megabytes still to come
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 141
+    # the agent's own progress still reaches stderr; trio-agentd adds nothing
+    assert b"trio-agentd" not in err
+    assert b"Traceback" not in err
