@@ -159,7 +159,7 @@ class _Conn:
         if not isinstance(obj, dict):
             raise _Malformed(ErrorCode.INTERNAL, "daemon sent a non-object frame")
         raw = obj.get("raw")
-        if obj.get("type") == "event" and isinstance(raw, int) and not isinstance(raw, bool) and raw:
+        if obj.get("type") == "event" and type(raw) is int and raw:
             # the event's bytes follow its frame, unencoded
             if not 0 < raw <= MAX_FRAME or not isinstance(obj.get("event"), dict):
                 raise _Malformed(ErrorCode.INTERNAL, "daemon sent a malformed raw event")
