@@ -110,6 +110,12 @@ def _doctor(quick: bool) -> Data:
     return doctor.run(7 if quick else 15, 3 if quick else 5)
 
 
+def _cancel(quick: bool) -> Data:
+    from . import cancel
+
+    return cancel.run(8 if quick else 20)
+
+
 def _peers(quick: bool) -> Data:
     try:
         peers: Any = importlib.import_module("benchmarks.peers")
@@ -142,6 +148,7 @@ FIGURES = [
            _dataplane, 900),
     Figure("footprint", "Idle cost, memory and scale", _footprint, 600),
     Figure("doctor", "ps --json, doctor, doctor --fix", _doctor, 300),
+    Figure("cancel", "Ctrl-C on a running prompt", _cancel, 300),
     Figure("peers", "Peers: supervisord, circus, pm2", _peers, 900),
 ]
 BY_NAME = {f.name: f for f in FIGURES}
@@ -285,15 +292,6 @@ def code_info() -> Data:
             "commit_full": (git("rev-parse", "HEAD") or "").strip() or None,
             "subject": (git("log", "-1", "--format=%s") or "").strip(),
             "uncommitted": [line[3:] for line in (dirty or "").splitlines() if line.strip()]}
-
-
-def _has_cancel() -> bool:
-    """Whether the CLI of the code measured has a ``cancel`` command."""
-    try:
-        text = (REPO / "trio_agentd" / "cli.py").read_text()
-    except OSError:
-        return False
-    return re.search(r"""add_parser\(\s*["']cancel["']""", text) is not None
 
 
 def machine_info() -> Data:
@@ -881,6 +879,36 @@ def sec_doctor(doc: Doc, res: Data) -> None:
     doc.table(HEAD, rows)
 
 
+def sec_cancel(doc: Doc, res: Data) -> None:
+    doc.add("## Ctrl-C on a running prompt", "",
+            "A shell session runs `sleep 1000 & echo $!; wait` through the CLI; the CLI gets "
+            "SIGINT once it printed the child's pid. From the signal: the CLI's exit (130), the "
+            "turn's child gone (polled every 1 ms), and the next `trio-agentd -p` to the session "
+            "answered (a whole CLI process). *Stubborn*: the turn ignores SIGINT (`trap '' INT`) "
+            "and must be escalated to TERM and KILL. Goal: the stop grace + 100 ms; for the agent "
+            "that dies of SIGINT, 100 ms.", "")
+    if not _failed(doc, res):
+        doc.goal("Ctrl-C → processes gone, session answering", "—", "≤ stop grace + 100 ms",
+                 "not measured")
+        return
+    d = res["data"]
+    rows = []
+    for name, label in (("plain", "dies of SIGINT"), ("stubborn", "ignores SIGINT")):
+        r = d.get(name) or {}
+        goal = r.get("goal_ms")
+        for key, what in (("exit", "CLI exited 130"), ("gone", "turn's processes gone"),
+                          ("answered", "session answered the next prompt")):
+            s = r.get(key)
+            v = verdict(get(s, "median"), goal, unit=" ms") if goal is not None else "—"
+            rows.append(_stat_row(f"{label}: {what} (ms)", s, "", f"≤ {num(goal)}", v))
+        worst = max((get(r, k, "median") or 0) for k in ("gone", "answered"))
+        doc.goal(f"Ctrl-C ({label}) → processes gone and session answering",
+                 f"{num(worst)} ms", f"≤ {num(goal)} ms", verdict(worst, goal or 0, unit=" ms"))
+    doc.table(HEAD, rows)
+    doc.add(f"Stop grace {num(d.get('stop_grace_s'))} s; the runner's SIGINT → TERM grace "
+            f"{num(d.get('kill_grace_s'))} s, TERM → KILL 0.1 s.", "")
+
+
 def _peer_cell(peers: Data, p: str, fig: str, render: Callable[[Data], str]) -> str:
     r = get(peers, p, fig)
     if not isinstance(r, dict):
@@ -1112,6 +1140,8 @@ def render(report: Data, plot_md: str) -> str:
             sec_footprint(body, res)
         elif name == "doctor":
             sec_doctor(body, res)
+        elif name == "cancel":
+            sec_cancel(body, res)
         elif name == "peers":
             sec_peers(body, figs)
     mode = "quick (`--quick`: fewer repetitions, shorter windows)" if report["quick"] else "full"
@@ -1138,11 +1168,6 @@ def render(report: Data, plot_md: str) -> str:
                     [list(g) for g in doc.goals])
     doc.add(*sec_goals.lines)
     doc.add(*body.lines)
-    cancel = ("not measured: `trio-agentd cancel` exists in the code measured, but this "
-              "runner has no figure for it yet" if report.get("cancel_exists") else
-              "not measured: no cancel yet (the code measured has no `trio-agentd cancel`)")
-    doc.add("## Not measured", "", f"- **Ctrl-C of a running prompt → cancelled**: {cancel}.",
-            "")
     doc.add("## Per figure: wall time and errors", "")
     rows = []
     for n in report["order"]:
@@ -1197,7 +1222,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.mkdir(mode=0o700)
     report: Data = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                     "quick": args.quick, "machine": machine_info(), "code": code_info(),
-                    "load_start": _loadavg(), "venv": venv, "cancel_exists": _has_cancel(),
+                    "load_start": _loadavg(), "venv": venv,
                     "order": order, "figures": {}}
     t0 = time.perf_counter()
     try:
