@@ -18,6 +18,7 @@ from ._errors import AgentdError, ErrorCode
 from ._paths import Layout, check_socket_path
 from ._trust import prove_peer, prove_socket_dir
 from ._version import PROTOCOL_VERSION
+from ._wirestr import TAG_IN_FRAME, from_wire, to_wire
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
@@ -158,11 +159,15 @@ class _Conn:
             raise _Malformed(ErrorCode.INTERNAL, f"daemon sent a frame that {kind}") from None
         if not isinstance(obj, dict):
             raise _Malformed(ErrorCode.INTERNAL, "daemon sent a non-object frame")
+        if TAG_IN_FRAME in line:  # text that is not UTF-8, as the daemon sent it
+            decoded: dict[str, Any] = from_wire(obj)
+            return decoded
         return obj
 
     def send(self, obj: dict[str, Any], timeout: float | None = None) -> None:
         self.sock.settimeout(timeout)
-        self.sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+        # a path, argument or prompt that is not UTF-8 travels as {"$bytes": ...}
+        self.sock.sendall(json.dumps(to_wire(obj), separators=(",", ":")).encode() + b"\n")
 
     def close(self) -> None:
         self.sock.close()
