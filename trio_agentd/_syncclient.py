@@ -408,7 +408,8 @@ class SyncClient:
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False}
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": "prompt",
                  "args": worker_args}
-        route_args: dict[str, Any] = {k: args[k] for k in ("agent", "cwd", "env") if k in args}
+        route_args: dict[str, Any] = {
+            k: args[k] for k in ("agent", "cwd", "cwd_given", "env") if k in args}
         route_args["session"] = session
         deadline = time.monotonic() + RETRY_FOR
         delay = 0.025

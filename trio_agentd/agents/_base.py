@@ -199,7 +199,7 @@ def load_agent(spec: str, path: Sequence[str] = ()) -> Agent:
             module = importlib.import_module(module_name)
         factory = getattr(module, attr)
         agent = factory()
-    except Exception as exc:  # the user's code: whatever it raises is the answer
+    except (Exception, SystemExit) as exc:  # the user's code: what it raises is the answer
         raise AgentLoadError(spec, _last_line(exc), traceback.format_exc()) from None
     if not isinstance(agent, Agent):
         raise AgentLoadError(
