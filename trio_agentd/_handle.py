@@ -359,7 +359,8 @@ class WorkerHandle:
                 ErrorCode.AGENT_FAILED,
                 f"session {sid} failed: {self.state.failure} — fix it, then run"
                 f" `trio-agentd retry {sid}`",
-                {"session": sid, "cause": self.state.failure},
+                # the CLI's exit status, as for an exec: program that cannot be run
+                {"session": sid, "cause": self.state.failure, "exit_status": 126},
             )
         return AgentdError(
             ErrorCode.WORKER_UNAVAILABLE,

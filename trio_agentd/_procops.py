@@ -3,8 +3,9 @@
 Spawning follows the start-gate protocol: the config goes to the worker's stdin, the
 descriptor is written, then ``go`` opens the gate; the worker answers ``ready`` on its stdout
 once its socket listens, or ``failed <JSON string>`` when its agent cannot be loaded (an
-``agent_failed`` error: the session fails with that cause, and is not respawned). Signals are identity-checked (pid + start id), and a worker that is
-not our child (adopted from a previous supervisor) is waited for with a pidfd.
+``agent_failed`` error: the session fails with that cause, and is not respawned). Signals are
+identity-checked (pid + start id), and a worker that is not our child (adopted from a previous
+supervisor) is waited for with a pidfd.
 """
 
 from __future__ import annotations

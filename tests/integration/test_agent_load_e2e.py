@@ -52,8 +52,8 @@ def sessions(env: DaemonEnv) -> dict[str, dict[str, object]]:
     return {row["session"]: row for row in json.loads(cp.stdout)}
 
 
-def one_line_error(cp: subprocess.CompletedProcess[bytes]) -> str:
-    assert cp.returncode == 1, (cp.returncode, cp.stdout, cp.stderr)
+def one_line_error(cp: subprocess.CompletedProcess[bytes], status: int) -> str:
+    assert cp.returncode == status, (cp.returncode, cp.stdout, cp.stderr)
     assert cp.stdout == b""
     err = cp.stderr.decode()
     assert err.count("\n") == 1, err
@@ -86,7 +86,9 @@ def test_an_agent_that_cannot_load_is_the_answer_and_retry_after_the_fix_works(
         denv: DaemonEnv, source: str, says: str) -> None:
     proj = project(denv, source)
     log = denv.home / "sessions" / "m1" / "worker.log"
-    err = one_line_error(cli(denv, "-p", "-s", "m1", "--agent", "myagent:make", "hi", cwd=proj))
+    # 126: the agent cannot be run (as for an exec: program that is not executable)
+    err = one_line_error(
+        cli(denv, "-p", "-s", "m1", "--agent", "myagent:make", "hi", cwd=proj), 126)
     assert f"session m1 failed: agent 'myagent:make' cannot be loaded: {says}" in err
     assert f"(full traceback in {log})" in err
     assert "fix it, then run `trio-agentd retry m1`" in err
@@ -107,7 +109,7 @@ def test_an_agent_that_cannot_load_is_the_answer_and_retry_after_the_fix_works(
 
     # no restart loop: the next prompt gets the same answer and starts no worker
     spawns = log.read_text().count("cannot be loaded")
-    assert one_line_error(cli(denv, "-p", "-s", "m1", "again", cwd=proj)) == err
+    assert one_line_error(cli(denv, "-p", "-s", "m1", "again", cwd=proj), 126) == err
     assert log.read_text().count("cannot be loaded") == spawns == 1
     assert sessions(denv)["m1"]["restarts"] == 0
 
@@ -121,7 +123,7 @@ def test_an_agent_that_cannot_load_is_the_answer_and_retry_after_the_fix_works(
 
 def test_the_cause_survives_a_supervisor_restart(denv: DaemonEnv) -> None:
     proj = project(denv, "import nosuchmodule_xyz\n")
-    one_line_error(cli(denv, "-p", "-s", "m1", "--agent", "myagent:make", "hi", cwd=proj))
+    one_line_error(cli(denv, "-p", "-s", "m1", "--agent", "myagent:make", "hi", cwd=proj), 126)
     old_pid = denv.owner()["pid"]
     assert cli(denv, "restart").returncode == 0
     wait_for(lambda: (h := denv.hello()) is not None and h["pid"] != old_pid, timeout=30,
@@ -139,7 +141,8 @@ def test_an_exec_program_that_cannot_run_leaves_the_session_failed_until_a_turn_
     tool = proj / "tool"
     if kind == "not-executable":
         tool.write_text("#!/bin/sh\necho tool ran\n")
-    err = one_line_error(cli(denv, "-p", "-s", "x1", "--agent", "exec:./tool", "hi", cwd=proj))
+    err = one_line_error(cli(denv, "-p", "-s", "x1", "--agent", "exec:./tool", "hi", cwd=proj),
+                         127 if kind == "missing" else 126)
     says = ("no executable at './tool'" if kind == "missing"
             else "'./tool' is not executable (Permission denied) — make it executable")
     assert says in err
@@ -157,7 +160,8 @@ def test_an_exec_program_that_cannot_run_leaves_the_session_failed_until_a_turn_
 
 
 def test_retry_clears_an_exec_start_failure(denv: DaemonEnv) -> None:
-    one_line_error(cli(denv, "-p", "-s", "x1", "--agent", "exec:trio-agentd-no-such-tool", "hi"))
+    one_line_error(cli(denv, "-p", "-s", "x1", "--agent", "exec:trio-agentd-no-such-tool", "hi"),
+                   127)
     assert sessions(denv)["x1"]["state"] == "failed"
     cp = cli(denv, "retry", "x1")
     assert cp.returncode == 0, cp.stderr
@@ -183,7 +187,7 @@ def test_cwd_of_another_directory_for_an_existing_session_names_its_own(
     work = denv.root / "work"
     work.mkdir()
     assert cli(denv, "-p", "-s", "c1", "--agent", "shell", "pwd", cwd=work).returncode == 0
-    err = one_line_error(cli(denv, "-p", "-s", "c1", "--cwd", str(denv.root), "pwd"))
+    err = one_line_error(cli(denv, "-p", "-s", "c1", "--cwd", str(denv.root), "pwd"), 125)
     assert f"session 'c1' works in {work}, not {denv.root} — drop --cwd" in err
     assert sessions(denv)["c1"]["turns"] == 1  # nothing ran
 
@@ -224,6 +228,6 @@ def test_a_cwd_and_a_prompt_that_are_not_utf8_travel_intact(denv: DaemonEnv) -> 
     cp = cli(denv, "-p", "-s", "u4", "--agent", "shell", b"--cwd", odd, "pwd")
     assert (cp.returncode, cp.stdout) == (0, odd + b"\n"), cp.stderr
     # and an error naming it shows its bytes escaped, on one line
-    err = one_line_error(cli(denv, "-p", "-s", "u4", "--cwd", "/", "pwd"))
+    err = one_line_error(cli(denv, "-p", "-s", "u4", "--cwd", "/", "pwd"), 125)
     assert "works in " + os.fsdecode(odd).encode("utf-8", "surrogateescape").decode(
         "utf-8", "backslashreplace") in err
