@@ -34,6 +34,9 @@ class ErrorCode(StrEnum):
     PERMISSION_DENIED = "permission_denied"
     VERSION_MISMATCH = "version_mismatch"
     INTERNAL = "internal"
+    # the session's agent cannot be loaded or started (a module:attribute agent whose import
+    # or factory fails): the session is failed with that cause until `trio-agentd retry`
+    AGENT_FAILED = "agent_failed"
     # not on the public wire as a response code, but used by the CLI and the worker link
     ALREADY_RUNNING = "already_running"
     SUPERVISOR_GENERATION_STALE = "supervisor_generation_stale"

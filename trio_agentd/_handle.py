@@ -139,6 +139,10 @@ class WorkerHandle:
         # trio clock times: the last prompt, or when supervision began (idle since then)
         self.last_prompt: float | None = None
         self.busy = False  # a turn is running (as the worker last said)
+        # why its last turn could not start the agent (an exec program missing, ...), as the
+        # worker said: the session shows failed with it until a turn succeeds or a retry
+        self.agent_failure = ""
+        self._spawn_failure = ""  # the agent-load cause of the last spawn that failed
         self.supervised_since = 0.0
         self.evicted = False
         self.link: WorkerLink | None = None
@@ -170,17 +174,34 @@ class WorkerHandle:
     def restarts(self) -> int:
         return self.restarts_loaded + self.state.restarts_total
 
+    @property
+    def cause(self) -> str:
+        """Why the session is failed ("" if it is not): its agent cannot be loaded, its
+        worker crashed too often, or (worker alive) its last turn could not start the agent."""
+        if self.mode.value is Mode.FAILED:
+            return self.state.failure or "see its worker.log"
+        if self.mode.value is Mode.READY:
+            return self.agent_failure
+        return ""
+
     def summary(self) -> dict[str, Any]:
         alive = self.pid is not None and self.mode.value not in (Mode.STOPPED, Mode.FAILED)
+        cause = self.cause
+        if self.evicted and self.mode.value is Mode.STOPPED:
+            state = "evicted"
+        elif cause:
+            state = str(Mode.FAILED)  # also a live worker whose agent could not start
+        else:
+            state = str(self.mode.value)
         return {
             "session": self.session_id,
             "agent": self.agent,
-            "state": "evicted" if self.evicted and self.mode.value is Mode.STOPPED
-            else str(self.mode.value),
+            "state": state,
             "pid": self.pid if alive else None,
             "restarts": self.restarts,
             "turns": self.turns,
             "idle_s": round(self.idle_for(trio.current_time()), 3),
+            "cause": cause or None,
         }
 
     @property
@@ -245,9 +266,14 @@ class WorkerHandle:
         self._changed.value += 1
 
     def retry(self) -> None:
-        """Re-arm a FAILED session (``trio-agentd retry``); a prompt right after waits for it."""
+        """Re-arm a FAILED session (``trio-agentd retry``); a prompt right after waits for it.
+        A live worker whose last turn could not start its agent is shown ready again (its next
+        turn tries again)."""
         if self.mode.value is Mode.FAILED:
             self._retry_pending = True
+        if self.agent_failure:
+            self.agent_failure = ""
+            self._persist()
         self._retry.set()
 
     async def wait_retried(self) -> None:
@@ -314,12 +340,7 @@ class WorkerHandle:
                     if mode is Mode.READY and link is not None and not link.closed.is_set():
                         return link
                     if mode is Mode.FAILED:
-                        raise AgentdError(
-                            ErrorCode.WORKER_UNAVAILABLE,
-                            f"session {self.session_id} failed"
-                            f" ({self.state.failure or 'see its log'})"
-                            f" — run `trio-agentd retry {self.session_id}`",
-                        )
+                        raise self._failed_error()
                     if mode is Mode.STOPPED and self.state.stop_reason is not StopReason.KILL:
                         self._demand.set()
                 # not yet: stopping, starting, recovering, killed and about to be retired, or
@@ -329,6 +350,22 @@ class WorkerHandle:
             ErrorCode.WORKER_UNAVAILABLE,
             f"session {self.session_id} is {self.mode.value}: its worker did not become ready"
             f" within {self.timing.worker_connect_timeout:g}s — retry later",
+        )
+
+    def _failed_error(self) -> AgentdError:
+        sid = self.session_id
+        if self.state.agent_failed:
+            return AgentdError(
+                ErrorCode.AGENT_FAILED,
+                f"session {sid} failed: {self.state.failure} — fix it, then run"
+                f" `trio-agentd retry {sid}`",
+                # the CLI's exit status, as for an exec: program that cannot be run
+                {"session": sid, "cause": self.state.failure, "exit_status": 126},
+            )
+        return AgentdError(
+            ErrorCode.WORKER_UNAVAILABLE,
+            f"session {sid} failed ({self.state.failure or 'see its worker.log'})"
+            f" — run `trio-agentd retry {sid}`",
         )
 
     async def _wait_responsive(self) -> None:
@@ -518,12 +555,13 @@ class WorkerHandle:
                 return await self._stop(graceful=graceful)
             case Spawn(timeout=timeout):
                 self._note("spawn")
+                self._spawn_failure = ""
                 with trio.move_on_after(timeout):
                     if await self._spawn():
                         return Spawned()
                 # failed or not ready in time: make sure it is gone before anything else
                 outcome = await self._stop(graceful=False)
-                return SpawnFailed() if outcome.confirmed else outcome
+                return SpawnFailed(self._spawn_failure) if outcome.confirmed else outcome
             case Idle():
                 stopped = await _race(self._demand.wait(), self._stop_event.wait()) == 1
                 if stopped:
@@ -555,6 +593,9 @@ class WorkerHandle:
             self._adopt_link(await self.ops.connect(self))
         except AgentdError as exc:
             self._note(f"spawn failed: {exc.message}")
+            if exc.code == ErrorCode.AGENT_FAILED:
+                log.error("session %s: %s", self.session_id, exc.message)
+                self._spawn_failure = exc.message
             return False
         self._note(f"spawned pid {self.pid}")
         return True
@@ -575,6 +616,9 @@ class WorkerHandle:
         """The worker ran a turn for a client on a direct route: keep count and activity."""
         self.turns = max(self.turns, notice.turn)
         self.busy = notice.kind == "turn_started"
+        if notice.kind == "turn_done" and notice.failure != self.agent_failure:
+            self.agent_failure = notice.failure
+            self._persist()  # a successor supervisor shows it too
         self.last_prompt = trio.current_time()  # idle counts from the end of the last turn
         self.evicted = False
 

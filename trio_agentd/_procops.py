@@ -2,8 +2,10 @@
 
 Spawning follows the start-gate protocol: the config goes to the worker's stdin, the
 descriptor is written, then ``go`` opens the gate; the worker answers ``ready`` on its stdout
-once its socket listens. Signals are identity-checked (pid + start id), and a worker that is
-not our child (adopted from a previous supervisor) is waited for with a pidfd.
+once its socket listens, or ``failed <JSON string>`` when its agent cannot be loaded (an
+``agent_failed`` error: the session fails with that cause, and is not respawned). Signals are
+identity-checked (pid + start id), and a worker that is not our child (adopted from a previous
+supervisor) is waited for with a pidfd.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ._exhaustion import RateLimitedLog, exhaustion_error, is_exhaustion
 from ._handle import WorkerHandle
 from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
 from ._paths import Layout
-from ._recovery import Mode, StopReason, descriptor_lifecycle
+from ._recovery import Mode, RecoveryState, StopReason, descriptor_lifecycle
 from ._registry import Ownership
 from ._session import Transcript, read_meta, write_meta
 from ._trust import (
@@ -40,7 +42,7 @@ from ._trust import (
     prove_socket_dir,
     session_environment,
 )
-from ._worker import WorkerConfig
+from ._worker import FAILED_LINE_MAX, WorkerConfig
 from ._workerlink import WorkerLink, link_over_stream
 from .timing import LOG_RATE_INTERVAL, Timing
 
@@ -241,7 +243,7 @@ class ProcessWorkerOps:
             await proc.stdin.send_all(b"go\n")
             await proc.stdin.aclose()
             buf = b""
-            while not buf.endswith(b"\n"):
+            while not buf.endswith(b"\n") and len(buf) <= FAILED_LINE_MAX:
                 chunk = await proc.stdout.receive_some(64)
                 if not chunk:
                     break
@@ -251,6 +253,14 @@ class ProcessWorkerOps:
         finally:
             with trio.move_on_after(1, shield=True):
                 await proc.stdout.aclose()
+        if buf.startswith(b"failed ") and buf.endswith(b"\n"):
+            # the agent cannot be loaded: the worker says why, in one line, and exits
+            try:
+                cause = json.loads(buf[len(b"failed "):])
+            except ValueError:
+                cause = None
+            if isinstance(cause, str):
+                raise AgentdError(ErrorCode.AGENT_FAILED, cause)
         if buf.strip() != b"ready":
             raise AgentdError(
                 ErrorCode.WORKER_UNAVAILABLE,
@@ -292,6 +302,9 @@ class ProcessWorkerOps:
             "lifecycle": str(life),
             "stop_reason": str(reason),
             "restarts": h.restarts,
+            # why it is failed (shown by `sessions`; a successor supervisor shows it too)
+            "failure": h.state.failure if life is Mode.FAILED else h.agent_failure,
+            "agent_failed": h.state.agent_failed,
             "created_at": h.created_at,
             "updated_at": _now(),
         }
@@ -347,6 +360,13 @@ class ProcessWorkerOps:
             h.restarts_loaded = restarts if isinstance(restarts, int) and restarts >= 0 else 0
             lifecycle = Mode(str(desc.get("lifecycle", "stopped")))
             reason = StopReason(str(desc.get("stop_reason") or ""))
+            failure = desc.get("failure")
+            failure = failure if isinstance(failure, str) else ""
+            if lifecycle is Mode.FAILED:
+                h.state = RecoveryState(failure=failure,
+                                        agent_failed=desc.get("agent_failed") is True)
+            elif lifecycle is Mode.READY:
+                h.agent_failure = failure
         except (KeyError, TypeError, ValueError, AgentdError) as exc:
             raise ValueError(f"malformed: {exc}") from None
         if lifecycle in (Mode.STOPPING, Mode.STOPPED):

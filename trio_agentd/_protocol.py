@@ -17,6 +17,7 @@ from ._errors import AgentdError, ErrorCode
 from ._text import CONTROL_CLASS
 from ._version import APP_VERSION as APP_VERSION
 from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._wirestr import TAG_IN_FRAME
 
 MAX_FRAME = 1 << 20  # bytes per line, newline excluded
 # requests one connection may have in flight; past that it is not read from (its sender's
@@ -137,6 +138,8 @@ class Notice(_Msg, tag="notice"):
 
     kind: str  # "turn_started" | "turn_done"
     turn: int = 0
+    # turn_done: why the agent could not be started ("": it could, or the turn said nothing)
+    failure: str = ""
 
 
 class Dropped(_Msg, tag="dropped"):
@@ -155,8 +158,46 @@ _decoder: msgspec.json.Decoder[Message] = msgspec.json.Decoder(Message)
 
 
 def encode(msg: Message) -> bytes:
-    """One frame: the message as compact JSON plus a newline."""
-    return _encoder.encode(msg) + b"\n"
+    """One frame: the message as compact JSON plus a newline.
+
+    A string that is not valid UTF-8 (a surrogate-escaped path, argument or prompt) goes as
+    ``{"$bytes": ...}`` in the free-form fields (``args``, ``result``, ``event``, error
+    ``details``; :mod:`._wirestr`), and shown with ``\\xNN`` escapes in a typed text field
+    (an error's message).
+    """
+    try:
+        return _encoder.encode(msg) + b"\n"
+    except UnicodeEncodeError:
+        pass
+    from ._wirestr import shown, to_wire
+
+    def fix(obj: Any, free: bool) -> Any:
+        if isinstance(obj, dict):
+            return {k: (to_wire(v) if free or k in _FREE_FIELDS else fix(v, False))
+                    for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [fix(v, free) for v in obj]
+        return shown(obj) if isinstance(obj, str) else obj
+
+    return _encoder.encode(fix(msgspec.to_builtins(msg), False)) + b"\n"
+
+
+_FREE_FIELDS = frozenset({"args", "result", "event", "details"})
+
+
+def _from_wire(msg: Message) -> Message:
+    from ._wirestr import from_wire
+
+    if isinstance(msg, Request):
+        msg.args = from_wire(msg.args)
+    elif isinstance(msg, Response):
+        if not isinstance(msg.result, msgspec.UnsetType):
+            msg.result = from_wire(msg.result)
+        if not isinstance(msg.error, msgspec.UnsetType):
+            msg.error.details = from_wire(msg.error.details)
+    elif isinstance(msg, Event):
+        msg.event = from_wire(msg.event)
+    return msg
 
 
 def encode_raw_event(request_id: RequestId, event: dict[str, Any], data: bytes) -> bytes:
@@ -177,7 +218,8 @@ def decode(line: bytes) -> Message:
             ErrorCode.BAD_REQUEST, f"invalid message: nested deeper than {MAX_DEPTH} levels"
         )
     try:
-        return _decoder.decode(line)
+        msg = _decoder.decode(line)
+        return _from_wire(msg) if TAG_IN_FRAME in line else msg
     except msgspec.ValidationError as exc:
         text = str(exc)
         if text.startswith("Expected `str` matching regex"):  # the _NoControl pattern

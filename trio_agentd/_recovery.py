@@ -108,7 +108,9 @@ class Spawned:
 
 @dataclass(frozen=True, slots=True)
 class SpawnFailed:
-    pass
+    # the worker said its agent cannot be loaded (one line): the session fails with it at
+    # once, without a respawn, until a Retry (a respawn would fail the same way)
+    cause: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +201,7 @@ class RecoveryState:
     graceful: bool = False
     unconfirmed: bool = False  # a worker survived our SIGKILL: it may still run
     failure: str = ""  # why the session is FAILED, for humans
+    agent_failed: bool = False  # FAILED because its agent cannot be loaded (fix it, retry)
     # the operator's stop wanted or done (kept once STOPPED: evicted, or killed), until the
     # session is started again
     stop_reason: StopReason = StopReason.NONE
@@ -288,9 +291,12 @@ def decide(
                     Idle(),
                 )
             return _respawn(state, now, timing, admission_held)
-        case SpawnFailed():
+        case SpawnFailed(cause=cause):
             if state.stop_wanted:
                 return replace(state, mode=Mode.STOPPED, stop_wanted=False), Idle()
+            if cause:
+                return replace(state, mode=Mode.FAILED, deferred=Pending.NONE, failure=cause,
+                               agent_failed=True), Fail()
             return _respawn(state, now, timing, admission_held)
         case Demand():
             if state.mode is Mode.STOPPED and state.stop_reason is not StopReason.KILL:
@@ -310,10 +316,10 @@ def decide(
             if state.mode is Mode.FAILED:
                 if state.unconfirmed:
                     # try to stop the survivor first; a respawn follows a confirmed stop
-                    return _stop(replace(state, respawns=(), failure=""), timing, False,
-                                 graceful=False)
-                return _respawn(replace(state, respawns=(), failure=""), now, timing,
-                                admission_held, count=False)
+                    return _stop(replace(state, respawns=(), failure="", agent_failed=False),
+                                 timing, False, graceful=False)
+                return _respawn(replace(state, respawns=(), failure="", agent_failed=False),
+                                now, timing, admission_held, count=False)
             return replace(state, respawns=()), _current_action(state)
         case StopRequested(graceful=graceful, reason=reason):
             if state.mode is Mode.STOPPED or (state.mode is Mode.FAILED and not state.unconfirmed):
@@ -322,7 +328,7 @@ def decide(
                 # (nothing to stop; a kill still marks it: it is forgotten, never restarted)
                 kept = reason if reason is StopReason.KILL else state.stop_reason
                 return replace(state, mode=Mode.STOPPED, stop_wanted=False, failure="",
-                               stop_reason=kept), Idle()
+                               agent_failed=False, stop_reason=kept), Idle()
             if state.stop_wanted and state.stop_reason is StopReason.KILL:
                 reason = StopReason.KILL  # a kill is never weakened by a later stop
             return _stop(replace(state, stop_wanted=True, graceful=graceful, stop_reason=reason),

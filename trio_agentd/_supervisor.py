@@ -67,6 +67,7 @@ from ._registry import Ownership, Registry
 from ._session import check_session_id, read_meta, write_meta
 from ._stream import MessageStream
 from ._trust import agent_environment, make_private_dirs, prove_socket_dir
+from ._wirestr import shown as shown_path
 from ._workerlink import WorkerDropped
 from .agents._base import validate_agent_spec
 from .timing import (
@@ -577,12 +578,18 @@ class Supervisor:
         *,
         create: bool,
         env: dict[str, str] | None = None,
+        cwd_given: bool = False,
     ) -> WorkerHandle:
         """The session's handle; a new one is created (``create``) with the creating client's
-        ``cwd`` and environment ``env`` (minus the daemon's own variables)."""
+        ``cwd`` and environment ``env`` (minus the daemon's own variables).
+
+        ``cwd_given``: the user chose ``cwd`` (``--cwd``); an existing session with another
+        working directory is then refused, naming it (a new one starts there)."""
         check_session_id(session_id)
         known = self.sessions.get(session_id)
         if known is not None and (agent is None or agent == known.agent):
+            if cwd_given and cwd is not None:
+                _check_cwd(session_id, known.cwd, cwd)
             return known  # the per-command fast path: no lock, no checkpoint
         async with self._create_lock:
             h = self.sessions.get(session_id)
@@ -598,6 +605,9 @@ class Supervisor:
                 use_agent = agent or known_agent or "echo"
                 if known_agent is not None and agent is not None and agent != known_agent:
                     raise _agent_mismatch(session_id, known_agent, agent)
+                known_cwd = (meta or {}).get("cwd")
+                if cwd_given and cwd is not None and isinstance(known_cwd, str):
+                    _check_cwd(session_id, known_cwd, cwd)
                 validate_agent_spec(use_agent)
                 if len(self.sessions) >= self.config.max_sessions:
                     raise AgentdError(
@@ -618,6 +628,8 @@ class Supervisor:
                 await self._supervise(h, alive=False, lifecycle=Mode.STOPPED)
             elif agent is not None and agent != h.agent:
                 raise _agent_mismatch(session_id, h.agent, agent)
+            elif cwd_given and cwd is not None:
+                _check_cwd(session_id, h.cwd, cwd)
             return h
 
     def _claim_session(self, session_id: str, meta: dict[str, Any] | None) -> None:
@@ -788,6 +800,7 @@ class Supervisor:
                     h = await self.get_session(
                         _str_arg(args, "session"), _opt_str(args, "agent"),
                         _opt_str(args, "cwd"), create=True, env=_opt_env(args),
+                cwd_given=args.get("cwd_given") is True,
                     )
                     with contextlib.suppress(SessionRetired):  # killed meanwhile: anew
                         await self._wait_ready(h)
@@ -862,6 +875,7 @@ class Supervisor:
             h = await self.get_session(
                 _opt_str(args, "session") or "default", _opt_str(args, "agent"),
                 _opt_str(args, "cwd"), create=True, env=_opt_env(args),
+                cwd_given=args.get("cwd_given") is True,
             )
             h.touch()
             try:
@@ -965,6 +979,7 @@ class Supervisor:
             h = await self.get_session(
                 _opt_str(args, "session") or "default", _opt_str(args, "agent"),
                 _opt_str(args, "cwd"), create=True, env=_opt_env(args),
+                cwd_given=args.get("cwd_given") is True,
             )
             h.touch()
             self._rearm_if_exhausted(h)
@@ -1023,6 +1038,22 @@ def _agent_mismatch(session_id: str, have: str, asked: str) -> AgentdError:
         ErrorCode.BAD_REQUEST,
         f"session {session_id!r} runs agent {have!r}, not {asked!r} — drop --agent or use"
         " another session",
+    )
+
+
+def _check_cwd(session_id: str, have: str, asked: str) -> None:
+    """``--cwd`` for an existing session must name its working directory (the same path, or
+    the same directory by another path); anything else is refused, naming the session's."""
+    if os.path.normpath(have) == os.path.normpath(asked):
+        return
+    with contextlib.suppress(OSError):
+        if os.path.samefile(have, asked):
+            return
+    raise AgentdError(
+        ErrorCode.BAD_REQUEST,
+        f"session {session_id!r} works in {shown_path(have)}, not {shown_path(asked)} — drop"
+        " --cwd, or use another session (-s NEW --cwd DIR)",
+        {"session": session_id, "cwd": have},
     )
 
 

@@ -18,6 +18,7 @@ from ._errors import AgentdError, ErrorCode
 from ._paths import Layout, check_socket_path
 from ._trust import prove_peer, prove_socket_dir
 from ._version import PROTOCOL_VERSION
+from ._wirestr import TAG_IN_FRAME, from_wire, to_wire
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
@@ -158,23 +159,29 @@ class _Conn:
             raise _Malformed(ErrorCode.INTERNAL, f"daemon sent a frame that {kind}") from None
         if not isinstance(obj, dict):
             raise _Malformed(ErrorCode.INTERNAL, "daemon sent a non-object frame")
-        raw = obj.get("raw")
-        if obj.get("type") == "event" and type(raw) is int and raw:
+        if TAG_IN_FRAME in line:  # text that is not UTF-8, as the daemon sent it
+            obj = from_wire(obj)
+            if not isinstance(obj, dict):
+                raise _Malformed(ErrorCode.INTERNAL, "daemon sent a non-object frame")
+        frame: dict[str, Any] = obj
+        raw = frame.get("raw")
+        if frame.get("type") == "event" and type(raw) is int and raw:
             # the event's bytes follow its frame, unencoded
-            if not 0 < raw <= MAX_FRAME or not isinstance(obj.get("event"), dict):
+            if not 0 < raw <= MAX_FRAME or not isinstance(frame.get("event"), dict):
                 raise _Malformed(ErrorCode.INTERNAL, "daemon sent a malformed raw event")
             while len(self.buf) < raw:
                 chunk = self.sock.recv(max(_RECV_SIZE, raw - len(self.buf)))
                 if not chunk:
                     return None
                 self.buf += chunk
-            obj["event"]["data"] = bytes(self.buf[:raw])
+            frame["event"]["data"] = bytes(self.buf[:raw])
             del self.buf[:raw]
-        return obj
+        return frame
 
     def send(self, obj: dict[str, Any], timeout: float | None = None) -> None:
         self.sock.settimeout(timeout)
-        self.sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+        # a path, argument or prompt that is not UTF-8 travels as {"$bytes": ...}
+        self.sock.sendall(json.dumps(to_wire(obj), separators=(",", ":")).encode() + b"\n")
 
     def close(self) -> None:
         self.sock.close()
@@ -417,7 +424,8 @@ class SyncClient:
                        "raw": True}
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": "prompt",
                  "args": worker_args}
-        route_args: dict[str, Any] = {k: args[k] for k in ("agent", "cwd", "env") if k in args}
+        route_args: dict[str, Any] = {
+            k: args[k] for k in ("agent", "cwd", "cwd_given", "env") if k in args}
         route_args["session"] = session
         deadline = time.monotonic() + RETRY_FOR
         delay = 0.025

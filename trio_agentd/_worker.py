@@ -78,7 +78,16 @@ from ._protocol import (
 from ._session import Transcript
 from ._storage import REMEDY, errno_name, retried, storage_error, write_all
 from ._stream import MessageStream
-from .agents import Agent, Chunk, ExitStatus, Stderr, TurnContext, load_agent
+from .agents import (
+    Agent,
+    AgentLoadError,
+    AgentStartError,
+    Chunk,
+    ExitStatus,
+    Stderr,
+    TurnContext,
+    load_agent,
+)
 from .agents._exec import stop_orphan_group
 from .timing import DEFAULT_TIMING, Timing
 
@@ -480,6 +489,9 @@ class WorkerCore:
         self._wall_clock = wall_clock
         self.stop_requested = trio.Event()
         self._killed = False  # stopped by `trio-agentd kill`: turns end at once
+        # why the last turn could not start its agent ("" once a turn ran): told to the
+        # supervisor with each turn_done, which shows the session failed with it
+        self.agent_failure = ""
         self._answering = 0  # prompts not yet answered (a stop lets them be answered)
         self._answered = trio.Event()
         self._turn = trio.Semaphore(1)
@@ -1130,7 +1142,8 @@ class WorkerCore:
         finally:
             self._turn_running = None
             self._turn.release()
-            self._notify(Notice(kind="turn_done", turn=self.turns))
+            self._note_agent_start(running)
+            self._notify(Notice(kind="turn_done", turn=self.turns, failure=self.agent_failure))
         if self.journal is not None:
             try:
                 with trio.CancelScope(shield=True):
@@ -1144,6 +1157,15 @@ class WorkerCore:
                 self.journal.maybe_compact()
         self._running.pop(k, None)
         running.done.set()
+
+    def _note_agent_start(self, running: _Running) -> None:
+        """A turn whose agent could not be started (no such program, not executable, no shell)
+        leaves the session failed with that cause, which the supervisor shows; a turn that ran
+        to completion clears it (a cancelled or interrupted one says nothing either way)."""
+        if isinstance(running.error, AgentStartError):
+            self.agent_failure = running.error.message
+        elif running.result is not None:
+            self.agent_failure = ""
 
     def _alone(self) -> bool:
         """Only one command in flight: flush inline (no thread hop); else group-commit."""
@@ -1498,9 +1520,29 @@ def main() -> None:
         del os.environ[name]
     try:
         trio.run(functools.partial(run_worker, config, timing, _signal_ready, poll_refence=poll))
+    except AgentLoadError as exc:
+        # the whole traceback here, in worker.log; one line to the supervisor, which answers
+        # the prompt with it and marks the session failed (never a restart loop)
+        log.error("%s\n%s", exc.message, exc.traceback.rstrip() or "(no traceback)")
+        where = os.path.join(config.session_dir, "worker.log")
+        _signal_failed(f"{exc.message} (full traceback in {where})")
+        sys.exit(1)
     except (AgentdError, _fs.UntrustedFile, OSError) as exc:
         # one line for the supervisor to pass on (it quotes the tail of this log)
         sys.exit(f"trio-agentd worker for session {config.session_id}: cannot start: {exc}")
+
+
+# the most of an agent's load error the supervisor reads from a worker's stdout
+FAILED_LINE_MAX = 4096
+
+
+def _signal_failed(cause: str) -> None:
+    """Tell the supervisor, instead of ``ready``, why the agent could not be loaded: one line,
+    ``failed <JSON string>``, bounded."""
+    if len(cause) > FAILED_LINE_MAX // 2:
+        cause = cause[: FAILED_LINE_MAX // 2 - 1] + "…"
+    with contextlib.suppress(OSError):
+        os.write(1, b"failed " + json.dumps(cause).encode() + b"\n")
 
 
 def _signal_ready() -> None:

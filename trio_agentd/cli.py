@@ -79,13 +79,15 @@ class PromptArgs:
     """
 
     __slots__ = (
-        "agent", "help", "home", "json", "registry", "session", "socket", "text", "verbose"
+        "agent", "cwd", "help", "home", "json", "registry", "session", "socket", "text",
+        "verbose",
     )
     command = "prompt"
 
     def __init__(self) -> None:
         self.session = "default"
         self.agent: str | None = None
+        self.cwd: str | None = None
         self.json = False
         self.text: str | None = None
         self.socket: str | None = None
@@ -96,7 +98,7 @@ class PromptArgs:
 
 
 _PROMPT_VALUE_OPTS = {
-    "-s": "session", "--session": "session", "--agent": "agent",
+    "-s": "session", "--session": "session", "--agent": "agent", "--cwd": "cwd",
     "--socket": "socket", "--daemon-socket": "socket", "--home": "home",
 }
 _PROMPT_FLAG_OPTS = {"--json": "json", "-v": "verbose", "--verbose": "verbose"}
@@ -175,7 +177,8 @@ def _parser() -> argparse.ArgumentParser:
     # only for --help: parse_prompt_args parses what follows "prompt" / "-p"
     pr = sub.add_parser(
         "prompt", help="send a prompt to a session (also: -p)",
-        usage="trio-agentd -p [-s SESSION] [--agent AGENT] [--json] [--] [TEXT ... | -]",
+        usage="trio-agentd -p [-s SESSION] [--agent AGENT] [--cwd DIR] [--json] [--]"
+        " [TEXT ... | -]",
         description="Send TEXT (its words joined with spaces) to a session and print the answer"
         " as it streams. Options may come before or after TEXT; after -- everything is TEXT."
         " With TEXT '-', or no TEXT and stdin not a terminal, the prompt is stdin (UTF-8, one"
@@ -185,6 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("-s", "--session", default="default",
                     help=f"session id (default: default): {SESSION_ID_RULE}")
     pr.add_argument("--agent", default=None, help="agent for a new session (default: echo)")
+    pr.add_argument("--cwd", default=None, metavar="DIR",
+                    help="working directory of a new session (default: the current one)")
     pr.add_argument("--json", action="store_true", help="print the result as JSON")
     pr.add_argument("text", nargs="*", metavar="TEXT")
 
@@ -533,6 +538,9 @@ def _cmd_prompt(layout: Layout, args: PromptArgs) -> int:
         if text is None:
             _error("prompt needs TEXT: none given and stdin was empty — e.g. trio-agentd -p hello")
             return EXIT_USAGE
+    cwd = _session_cwd(args.cwd)
+    if isinstance(cwd, int):
+        return cwd
     from ._syncclient import Output
 
     out = _Answer()
@@ -547,7 +555,7 @@ def _cmd_prompt(layout: Layout, args: PromptArgs) -> int:
     client = _client(layout)
     result = client.request(
         "prompt",
-        {"session": args.session, "text": text, "agent": args.agent, "cwd": os.getcwd()},
+        {"session": args.session, "text": text, "agent": args.agent, **cwd},
         on_event=output.on_event,
     )
     client.close()
@@ -568,6 +576,20 @@ def _cmd_prompt(layout: Layout, args: PromptArgs) -> int:
     return code
 
 
+def _session_cwd(given: str | None) -> dict[str, Any] | int:
+    """The prompt's ``cwd`` arguments: ``--cwd DIR`` made absolute and checked (a usage error,
+    before anything is sent, if it is missing or not a directory), else none (the client's own
+    cwd is sent)."""
+    if given is None:
+        return {}
+    path = os.path.abspath(given)
+    if not os.path.isdir(path):
+        why = "is not a directory" if os.path.exists(path) else "does not exist"
+        _error(f"--cwd {given!r} {why} — create it, or give an existing directory")
+        return EXIT_USAGE
+    return {"cwd": path, "cwd_given": True}
+
+
 def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:
     client = _client(layout)
     rows = client.request("sessions")
@@ -580,12 +602,12 @@ def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:
         return EXIT_OK
     from ._text import printable
 
-    headers = ["SESSION", "AGENT", "STATE", "PID", "RESTARTS", "TURNS", "IDLE"]
+    headers = ["SESSION", "AGENT", "STATE", "PID", "RESTARTS", "TURNS", "IDLE", "CAUSE"]
     # every cell escaped: an agent spec may carry ANSI/OSC sequences or bidi overrides
     table = [
         [printable(str(c)) for c in (
             r["session"], r["agent"], r["state"], r["pid"] or "-", r["restarts"], r["turns"],
-            f"{r['idle_s']:.0f}s")]
+            f"{r['idle_s']:.0f}s", r.get("cause") or "")]
         for r in rows
     ]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]

@@ -12,6 +12,7 @@ import contextlib
 import os
 import shlex
 import signal
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import trio.testing
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd.agents import (
     Agent,
+    AgentLoadError,
     Chunk,
     EchoAgent,
     ExecAgent,
@@ -609,19 +611,48 @@ def test_exec_agent_refuses_an_empty_argv() -> None:
 @pytest.mark.parametrize(
     ("spec", "says"),
     [
-        ("trio_agentd_no_such_module:factory", "cannot load agent"),
-        ("shellmod:factory", "cannot load agent"),
-        ("trio_agentd.agents._echo:NoSuchFactory", "cannot load agent"),
-        ("builtins:object", "returned object"),
+        ("trio_agentd_no_such_module:factory",
+         "cannot be loaded: ModuleNotFoundError: No module named 'trio_agentd_no_such_module'"),
+        ("shellmod:factory", "cannot be loaded: ModuleNotFoundError"),
+        ("trio_agentd.agents._echo:NoSuchFactory", "cannot be loaded: AttributeError: module"
+         " 'trio_agentd.agents._echo' has no attribute 'NoSuchFactory'"),
+        ("builtins:object", "its factory returned object, which has no turn()/replayable"),
     ],
 )
 def test_well_formed_but_unloadable_module_specs(spec: str, says: str) -> None:
     validate_agent_spec(spec)
-    with pytest.raises(AgentdError) as info:
+    with pytest.raises(AgentLoadError) as info:
         load_agent(spec)
-    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert info.value.code == ErrorCode.AGENT_FAILED
     assert says in info.value.message
-    assert spec in info.value.message
+    assert repr(spec) in info.value.message
+    assert "\n" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("def make(:\n", "SyntaxError: invalid syntax (brokenagent.py, line 1)"),
+        ("raise RuntimeError('no API key\\nset KEY')\n", "RuntimeError: no API key set KEY"),
+        ("def make():\n    raise ValueError('bad config')\n", "ValueError: bad config"),
+        ("def make():\n    return None\n", "its factory returned NoneType, which has no"
+         " turn()/replayable (the factory must return an agent: see docs/agents.md)"),
+        ("def make():\n    import sys; sys.exit(3)\n", "SystemExit: 3"),
+    ],
+)
+def test_a_broken_module_is_one_line_with_its_traceback_kept(
+        tmp_path: Path, source: str, says: str, request: pytest.FixtureRequest) -> None:
+    name = f"brokenagent{request.node.callspec.indices['source']}"  # fresh: not yet imported
+    (tmp_path / f"{name}.py").write_text(source)
+    with pytest.raises(AgentLoadError) as info:
+        load_agent(f"{name}:make", [str(tmp_path)])
+    assert info.value.code == ErrorCode.AGENT_FAILED
+    assert info.value.message == (
+        f"agent '{name}:make' cannot be loaded: {says.replace('brokenagent', name)}")
+    if "returned" not in says:  # an exception: its whole traceback is kept for the log
+        assert info.value.traceback.startswith("Traceback (most recent call last):")
+        assert f"{name}.py" in info.value.traceback
+    assert str(tmp_path) not in sys.path  # the session's path was for that import alone
 
 
 def test_spawning_does_not_happen_at_load(tmp_path: Path) -> None:

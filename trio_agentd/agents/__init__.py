@@ -1,6 +1,8 @@
 """Agents: what a worker hosts (SPEC §8). ``load_agent(spec)`` turns a spec into an agent."""
 
 from ._base import Agent as Agent
+from ._base import AgentLoadError as AgentLoadError
+from ._base import AgentStartError as AgentStartError
 from ._base import Chunk as Chunk
 from ._base import ExitStatus as ExitStatus
 from ._base import Stderr as Stderr

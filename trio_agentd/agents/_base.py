@@ -135,6 +135,33 @@ def _import_path(path: Sequence[str]) -> Iterator[None]:
                 sys.path.remove(p)
 
 
+class AgentLoadError(AgentdError):
+    """A ``module:attribute`` agent could not be built: its import failed (ImportError,
+    SyntaxError, an exception at import time), the attribute is missing, the factory raised, or
+    it returned something that is not an :class:`Agent`.
+
+    ``message`` is one line: the spec and the exception's last line. ``traceback`` is the full
+    traceback, for the worker's log.
+    """
+
+    def __init__(self, spec: str, what: str, traceback: str = "") -> None:
+        super().__init__(ErrorCode.AGENT_FAILED, f"agent {spec!r} cannot be loaded: {what}")
+        self.traceback = traceback
+
+
+class AgentStartError(AgentdError):
+    """A turn could not start its agent's process (an ``exec:`` program that is missing or not
+    executable, a shell that cannot start): the turn fails with this, and the session is shown
+    ``failed`` with this cause until a turn succeeds or ``trio-agentd retry``."""
+
+
+def _last_line(exc: BaseException) -> str:
+    """The exception as the last line of its traceback: ``ModuleNotFoundError: No module named
+    'x'``; a SyntaxError keeps its file and line."""
+    text = " ".join(str(exc).split())  # one line, whatever the message holds
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def load_agent(spec: str, path: Sequence[str] = ()) -> Agent:
     """Build the agent a spec names.
 
@@ -144,8 +171,10 @@ def load_agent(spec: str, path: Sequence[str] = ()) -> Agent:
     worker itself never imports from where it happens to be.
 
     Raises:
-        AgentdError: ``bad_request`` for a malformed spec, a module or attribute that cannot be
-            loaded, or a factory that does not return an agent.
+        AgentdError: ``bad_request`` for a malformed spec.
+        AgentLoadError: ``agent_failed``: the module cannot be imported (any exception, a
+            SyntaxError included), it has no such attribute, the factory raised, or it returned
+            something without ``turn()``/``replayable``.
     """
     validate_agent_spec(spec)
     if spec == "echo":
@@ -163,18 +192,19 @@ def load_agent(spec: str, path: Sequence[str] = ()) -> Agent:
     parts = _split_factory(spec)
     assert parts is not None  # validated above
     module_name, attr = parts
+    import traceback
+
     try:
         with _import_path(path):
-            factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise AgentdError(
-            ErrorCode.BAD_REQUEST, f"cannot load agent {spec!r}: {exc}"
-        ) from None
-    agent = factory()
+            module = importlib.import_module(module_name)
+        factory = getattr(module, attr)
+        agent = factory()
+    except (Exception, SystemExit) as exc:  # the user's code: what it raises is the answer
+        raise AgentLoadError(spec, _last_line(exc), traceback.format_exc()) from None
     if not isinstance(agent, Agent):
-        raise AgentdError(
-            ErrorCode.BAD_REQUEST,
-            f"agent factory {spec!r} returned {type(agent).__name__}, which has no"
-            " turn()/replayable",
+        raise AgentLoadError(
+            spec,
+            f"its factory returned {type(agent).__name__}, which has no turn()/replayable"
+            " (the factory must return an agent: see docs/agents.md)",
         )
     return agent

@@ -49,7 +49,7 @@ from .._identity import (
     read_start_id,
     signal_group_identity_checked,
 )
-from ._base import Chunk, ExitStatus, Stderr, TurnContext
+from ._base import AgentStartError, Chunk, ExitStatus, Stderr, TurnContext
 
 _T = TypeVar("_T")
 
@@ -105,10 +105,10 @@ CANNOT_RUN, NOT_FOUND = 126, 127
 """The exit status a spawn error reports (as a shell's for a command it cannot run / find)."""
 
 
-def _spawn_error(argv: Sequence[str], cwd: Path, exc: OSError) -> AgentdError:
+def _spawn_error(argv: Sequence[str], cwd: Path, exc: OSError) -> AgentStartError:
     """Name what could not be started and how to fix it (SPEC §7: one line, cause and fix)."""
     if exc.filename is not None and os.fsdecode(exc.filename) == os.fsdecode(cwd):
-        return AgentdError(
+        return AgentStartError(
             ErrorCode.BAD_REQUEST,
             f"cannot run {argv[0]!r} in the session's directory {cwd}: {exc.strerror} — create"
             " the directory or start the session with another --cwd",
@@ -120,20 +120,20 @@ def _spawn_error(argv: Sequence[str], cwd: Path, exc: OSError) -> AgentdError:
             if "/" in name
             else f"named {name!r} on PATH"
         )
-        return AgentdError(
+        return AgentStartError(
             ErrorCode.BAD_REQUEST,
             f"agent exec:{shlex.join(argv)}: no executable {where} — install it, or name it by"
             f" its full path (exec:/full/path/to/{os.path.basename(name)} ...)",
             {"exit_status": NOT_FOUND},
         )
     if isinstance(exc, PermissionError):
-        return AgentdError(
+        return AgentStartError(
             ErrorCode.BAD_REQUEST,
             f"agent exec:{shlex.join(argv)}: {name!r} is not executable ({exc.strerror}) — make"
             f" it executable (chmod +x) or name another program",
             {"exit_status": CANNOT_RUN},
         )
-    return AgentdError(
+    return AgentStartError(
         ErrorCode.BAD_REQUEST,
         f"agent exec:{shlex.join(argv)}: cannot start {name!r}: {exc} — check the command",
     )
