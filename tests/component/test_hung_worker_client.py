@@ -205,11 +205,15 @@ async def test_trio_client_a_slow_consumer_is_not_the_workers_silence(
     assert trio.current_time() == 800.0
     pings = w.pings()
     data = [t for t in arrivals if t < pings[0]]  # the chunks and the response
-    # they trickled in as the caller made room: nothing new for 10 s at a time, no ping
-    assert data == [0.0] * 66 + [10.0 * k for k in range(1, 16)]
+    # at once: what the request's buffer holds, plus one with the caller and one with the
+    # reader; then they trickled in as the caller made room: nothing new for 10 s at a time,
+    # no ping (80 chunks and the response: 81 arrivals)
+    at_once = _client._EVENTS_BUFFERED + 2
+    assert data == [0.0] * at_once + [10.0 * k for k in range(1, 81 - at_once + 1)]
     # the last one waited 10 s more for room; from then on the reader waits on the worker,
     # which is pinged every 2 s of silence (and answers) until the caller is done
-    assert pings == [162.0 + 2.0 * k for k in range(319)]
+    first = 10.0 * (81 - at_once) + 10.0 + 2.0
+    assert pings == [first + 2.0 * k for k in range(int((798.0 - first) / 2) + 1)]
     assert pings[-1] == 798.0
 
 
