@@ -11,6 +11,7 @@ steers it with ``key=value`` words; every other word is echoed back as a token:
   tool's pid is appended to ``$FAKE_LLM_PIDS`` when that names a file.
 - ``tokens=N``: answer with N extra numbered tokens (big answers).
 - ``delay=S``: seconds between tokens (default 0.005).
+- ``cwd=1``: also answer with the directory it runs in (``cwd: PATH`` on a line of its own).
 
 It never reads its environment for anything but ``FAKE_LLM_PIDS``, and uses only the standard
 library, so it runs with any Python.
@@ -49,6 +50,8 @@ def main() -> int:
     for i in range(int(settings.get("tokens", "0"))):
         _stream(f" t{i}", 0)
     _stream("\n", 0)
+    if settings.get("cwd") == "1":
+        _stream(f"cwd: {os.getcwd()}\n", 0)
     if "tool" in settings:
         print(f"calling tool {settings['tool']}", file=sys.stderr, flush=True)
         script = f"echo tool {settings['tool']} ran; sleep {settings.get('tool_sleep', '0')}"

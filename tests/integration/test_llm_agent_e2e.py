@@ -4,6 +4,7 @@ user types it: streamed tokens, progress on stderr, a child tool process, chosen
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import shlex
@@ -66,12 +67,14 @@ def test_tokens_stream_before_the_agent_ends(denv: DaemonEnv) -> None:
     ready, _, _ = select.select([p.stdout], [], [], 30)
     assert ready, "no tokens within 30 s"
     assert p.stdout.readline() == b"answer: early words\n"
+    # the tool runs (its pid is written once it started)
+    tool = int(wait_for(lambda: pids.read_text().split() if pids.exists() else [],
+                        timeout=30, what="the tool's pid")[0])
     assert p.poll() is None
     p.send_signal(signal.SIGINT)  # Ctrl-C: cancels the turn, tool and all
     _, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
     assert b"Traceback" not in err
-    tool = int(wait_for(lambda: pids.read_text().split(), timeout=10, what="tool pid")[0])
     assert _gone(tool)
     # the session serves the next prompt at once
     cp = cli(denv, "-p", "-s", "st", "next")
@@ -93,3 +96,36 @@ def test_a_closed_stdout_ends_the_cli_quietly(denv: DaemonEnv) -> None:
     # the agent's own progress still reaches stderr; trio-agentd adds nothing
     assert b"trio-agentd" not in err
     assert b"Traceback" not in err
+
+
+def test_cwd_sets_where_a_new_session_runs_and_a_missing_one_is_a_usage_error(
+    denv: DaemonEnv, tmp_path: Path
+) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    cp = cli(denv, "-p", "-s", "w", "--cwd", str(work), "--agent", AGENT, "where cwd=1")
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == f"answer: where\ncwd: {work}\n".encode()
+    missing = cli(denv, "-p", "-s", "w2", "--cwd", str(tmp_path / "nope"), "--agent", AGENT, "x")
+    assert missing.returncode == 2
+    assert str(tmp_path / "nope").encode() in missing.stderr
+    assert b"Traceback" not in missing.stderr
+
+
+def test_an_agent_program_that_is_gone_fails_the_prompt_and_the_session_is_not_ready(
+    denv: DaemonEnv, tmp_path: Path
+) -> None:
+    copy = tmp_path / "llm.py"
+    copy.write_bytes(FAKE_LLM.read_bytes())
+    copy.chmod(0o755)
+    agent = f"exec:{shlex.quote(sys.executable)} {shlex.quote(str(copy))}"
+    assert cli(denv, "-p", "-s", "g", "--agent", agent, "first").returncode == 0
+    # the agent is uninstalled under the running session: its interpreter is, here
+    gone = f"exec:{tmp_path / 'no-such-llm'}"
+    cp = cli(denv, "-p", "-s", "g2", "--agent", gone, "hello")
+    assert cp.returncode == 127, cp.stderr
+    assert cp.stderr.count(b"\n") == 1
+    rows = {r["session"]: r for r in json.loads(cli(denv, "sessions", "--json").stdout)}
+    assert rows["g"]["state"] == "ready"
+    assert rows["g2"]["state"] != "ready"
+    assert "no-such-llm" in str(rows["g2"].get("cause"))
