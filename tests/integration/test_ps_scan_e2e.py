@@ -21,9 +21,19 @@ def _layout(env: DaemonEnv) -> Layout:
     return Layout(home=env.home, socket=env.socket, registry=env.registry)
 
 
-def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+def _count_scans(monkeypatch: pytest.MonkeyPatch, env: DaemonEnv) -> list[Path]:
+    """Count the process scans; the listening sockets are this test's alone (on a shared
+    machine another test's supervisor, of this uid, may just have lost its socket file)."""
     scans: list[Path] = []
     real = _doctor.scanned_sockets
+    real_listening = _doctor.listening_sockets
+
+    def ours_only(named: set[str]) -> list[tuple[str, bool, str]] | None:
+        found = real_listening(named)
+        root = f"{env.root}/"
+        return None if found is None else [x for x in found if x[0].startswith(root)]
+
+    monkeypatch.setattr(_doctor, "listening_sockets", ours_only)
 
     def counted(home: Path) -> list[str]:
         scans.append(home)
@@ -37,7 +47,7 @@ def test_a_healthy_supervisor_is_listed_without_a_process_scan(
     denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert denv.prompt("one", session="a") == "[echo turn 1] one"
-    scans = _count_scans(monkeypatch)
+    scans = _count_scans(monkeypatch, denv)
     monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
     found = _doctor.survey(_layout(denv))
     assert [(f.socket, str(f.verdict.status)) for f in found] == [(denv.socket, "current")]
@@ -77,7 +87,7 @@ def test_another_homes_supervisor_costs_no_scan_until_its_socket_file_goes(
     p = denv.popen("--socket", other, "--home", str(denv.root / "home2"),
                    "--registry", str(denv.root / "reg2"), "daemon")
     wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
-    scans = _count_scans(monkeypatch)
+    scans = _count_scans(monkeypatch, denv)
     monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
     # its socket listens and no file of this home names it: its lease names its pid, whose
     # command line says it serves another home — not ours, and no scan needed to know it
