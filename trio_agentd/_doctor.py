@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket as _socket
+import stat as _stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from ._doctor_plan import (
     Verdict,
     classify,
     remedy,
+    scan_reason,
 )
 from ._errors import AgentdError, ErrorCode
 from ._identity import Liveness, liveness, read_start_id, signal_identity_checked
@@ -171,22 +173,61 @@ def scanned_sockets(home: Path) -> list[str]:
     want = os.path.normpath(str(home))
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                if os.stat(f"/proc/{name}").st_uid != uid:
-                    continue
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-            except OSError:
-                continue  # gone meanwhile, or not ours to read
-            sock = daemon_socket_of(argv)
-            if sock is None:
-                continue
-            its_home = daemon_home_of(argv) or _environ_home(name)
-            if its_home is not None and os.path.normpath(its_home) == want:
-                out.append(sock)
+            if name.isdigit():
+                sock = _supervisor_socket(name, uid, want)
+                if sock is not None:
+                    out.append(sock)
     return out
+
+
+def _supervisor_socket(pid: str, uid: int, home: str) -> str | None:
+    """The socket process ``pid`` serves if it is a supervisor of this user and of ``home``
+    (normalised), else ``None``. Reads its command line (and only for a supervisor its owner
+    and maybe its environment)."""
+    raw = _read_small(f"/proc/{pid}/cmdline")
+    if raw is None or b"trio_agentd" not in raw:
+        return None  # gone, not ours to read, or no supervisor: the common case, one read
+    argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    sock = daemon_socket_of(argv)
+    if sock is None:
+        return None
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != uid:
+            return None
+    except OSError:
+        return None
+    its_home = daemon_home_of(argv) or _environ_home(pid)
+    if its_home is None or os.path.normpath(its_home) != home:
+        return None
+    return sock
+
+
+def _read_small(path: str) -> bytes | None:
+    """A small file's bytes (a /proc entry), without a Python file object; ``None`` if it
+    cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _lease_holder(sock: str) -> int | None:
+    """The pid the socket's lease file (``<socket>.lock``) names, if it can be read."""
+    raw = _read_small(f"{sock}.lock")
+    try:
+        pid = json.loads(raw or b"").get("pid")
+    except (ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
 def _environ_home(pid: str) -> str | None:
@@ -200,14 +241,53 @@ def _environ_home(pid: str) -> str | None:
     return None
 
 
-def discover(layout: Layout) -> list[str]:
-    """Every socket a supervisor of this user may be on: records, scopes, descriptors, the
-    default socket dir, and last the command lines of this user's running supervisors."""
+def listening_sockets(named: set[str]) -> list[tuple[str, bool, str]] | None:
+    """The listening Unix sockets of this network namespace that look like a supervisor's (a
+    ``*.sock``, not a worker's ``w-*.sock``), from one read of ``/proc/net/unix``, as
+    :func:`._doctor_plan.scan_reason` takes them: ``(path, named, "ours" | "foreign" |
+    "gone")``. ``None`` if they cannot be listed. A supervisor whose socket file was deleted
+    still listens at the path it bound: this is how its loss shows without a process scan."""
+    data = _read_small("/proc/net/unix")
+    return None if data is None else _parse_listeners(data, named)
+
+
+def _parse_listeners(data: bytes, named: set[str]) -> list[tuple[str, bool, str]]:
+    uid = os.getuid()
+    out: list[tuple[str, bool, str]] = []
+    for line in data.split(b"\n")[1:]:
+        # Num RefCount Protocol Flags Type St Inode Path; Flags 00010000: listening
+        parts = line.split(None, 7)
+        if len(parts) < 8 or parts[3] != b"00010000":
+            continue
+        raw = parts[7]
+        if raw.startswith(b"@") or not raw.endswith(b".sock"):
+            continue  # abstract, or not named like a supervisor's socket
+        if os.path.basename(raw).startswith(b"w-"):
+            continue  # a worker's
+        path = os.fsdecode(raw)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            file = "gone"
+        else:
+            file = ("gone" if not _stat.S_ISSOCK(st.st_mode)
+                    else "ours" if st.st_uid == uid else "foreign")
+        out.append((path, normalize_socket_path(path) in named, file))
+    return out
+
+
+def discover(
+    layout: Layout, *, records: list[Record] | None = None,
+    descriptors: list[dict[str, Any]] | None = None,
+) -> list[str]:
+    """Every socket the files name: records, scopes, descriptors, the default socket and the
+    socket files in the default socket dir (not the process scan: :func:`survey` adds it)."""
     sockets = {layout.socket}
-    sockets.update(scanned_sockets(layout.home))
-    sockets.update(r.socket for r in _records(layout.registry))
+    records = _records(layout.registry) if records is None else records
+    descriptors = _descriptors(layout.home) if descriptors is None else descriptors
+    sockets.update(r.socket for r in records)
     sockets.update(_scoped_sockets(layout.registry))
-    sockets.update(str(d["socket"]) for d in _descriptors(layout.home) if d.get("socket"))
+    sockets.update(str(d["socket"]) for d in descriptors if d.get("socket"))
     sock_dir = default_socket_dir()
     with contextlib.suppress(OSError):
         for name in os.listdir(sock_dir):
@@ -317,12 +397,70 @@ def observe(
     return obs, hello_record
 
 
-def survey(layout: Layout, timing: Timing | ClientTiming = CLIENT) -> list[Found]:
-    """ps: every supervisor found, classified."""
+def survey(
+    layout: Layout, timing: Timing | ClientTiming = CLIENT, *, scan: bool | None = None
+) -> list[Found]:
+    """ps: every supervisor found, classified, ordered by socket.
+
+    First every socket the files name (:func:`discover`); then, last, the command lines of
+    this user's running supervisors of this home (:func:`scanned_sockets`), which find one
+    that lost the files that name it. The scan reads every process's ``/proc`` entry, so it
+    runs only when it may find something (``scan=None``: :func:`._doctor_plan.scan_reason`
+    on what the files gave and on the listening sockets — nothing found, anything unhealthy,
+    a socket file deleted under its listener, a socket of ours no file names); ``scan=True``
+    always, ``scan=False`` never.
+    """
     records = _records(layout.registry)
     descs = _descriptors(layout.home)  # read once, not once per socket
+    named = discover(layout, records=records, descriptors=descs)
+    more: set[str] = set()
+    listeners: list[tuple[str, bool, str]] | None = None
+    if scan is not True:
+        listeners = listening_sockets(set(named))
+        if listeners is not None:
+            listeners = _resolve_unnamed(listeners, layout.home, more)
+    found = _classified(sorted({*named, *more}), layout, timing, records, descs)
+    if scan is None:
+        scan = scan_reason([f.verdict.status for f in found], listeners) is not None
+    if scan:
+        scanned = {normalize_socket_path(s) for s in scanned_sockets(layout.home)}
+        rest = scanned - set(named) - more
+        if rest:
+            found += _classified(sorted(rest), layout, timing, records, descs)
+            found.sort(key=lambda f: f.socket)
+    return found
+
+
+def _resolve_unnamed(
+    listeners: list[tuple[str, bool, str]], home: Path, into: set[str]
+) -> list[tuple[str, bool, str]]:
+    """A socket of ours that no file names is asked who holds its lease (``<socket>.lock``),
+    and that one process whether it is a supervisor of this home on that socket (the scan's
+    test, for one pid): if so the socket goes ``into`` the sockets to observe; if it is no
+    supervisor of this home it is left out. Only a lease that tells nothing leaves it unnamed
+    (then the whole scan runs)."""
+    uid = os.getuid()
+    want = os.path.normpath(str(home))
+    out = []
+    for path, named, file in listeners:
+        if file == "ours" and not named:
+            pid = _lease_holder(path)
+            sock = None if pid is None else _supervisor_socket(str(pid), uid, want)
+            if pid is not None and sock is None:
+                named = True  # another home's supervisor (or none): not ours to list
+            elif sock is not None and normalize_socket_path(sock) == normalize_socket_path(path):
+                into.add(normalize_socket_path(path))
+                named = True
+        out.append((path, named, file))
+    return out
+
+
+def _classified(
+    sockets: list[str], layout: Layout, timing: Timing | ClientTiming,
+    records: list[Record], descs: list[dict[str, Any]],
+) -> list[Found]:
     found = []
-    for sock in discover(layout):
+    for sock in sockets:
         obs, rec = observe(sock, layout, timing=timing, records=records, descriptors=descs)
         verdict = classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
         if verdict is None:

@@ -150,6 +150,41 @@ def classify(obs: Observation, *, protocol: int, app_version: str) -> Verdict | 
     return None
 
 
+# --- when the process scan is worth its cost ---------------------------------------------------
+
+
+def scan_reason(
+    statuses: list[Status], listeners: list[tuple[str, bool, str]] | None,
+) -> str | None:
+    """Why ``ps``/``doctor`` should also scan this user's processes for supervisors (the last
+    line of discovery, for one that lost the files that name it), or ``None`` when what the
+    files said is consistent, so the scan would find nothing new.
+
+    ``statuses``: the verdicts of every socket the files named. ``listeners``: the listening
+    Unix sockets of this network namespace that look like a supervisor's (a ``*.sock`` that is
+    not a worker's ``w-*.sock``), each as ``(path, named, file)``: ``named`` if the files named
+    it; ``file`` is ``"ours"`` (a socket file of this user is at the path), ``"foreign"`` (a
+    socket file of another user) or ``"gone"`` (none, or not a socket: it was deleted).
+    ``None``: they could not be listed.
+    """
+    if not statuses:
+        return "no supervisor found by its files"
+    if any(s in PROBLEMS for s in statuses):
+        return "a supervisor is not healthy"
+    if listeners is None:
+        return "the listening sockets cannot be listed"
+    seen: set[str] = set()
+    for path, named, file in listeners:
+        if file == "gone":
+            return f"a socket listens at {path}, whose file is gone"
+        if path in seen:
+            return f"more than one socket listens at {path}"
+        seen.add(path)
+        if file == "ours" and not named:
+            return f"a socket of ours listens at {path}, which no file names"
+    return None
+
+
 REMEDY_OWNERSHIP_LOST = (
     '! {socket}: supervisor lost its ownership record — run "trio-agentd doctor --fix" to'
     " restart it (sessions are preserved)"

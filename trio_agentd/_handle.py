@@ -16,10 +16,15 @@ and is then served as if it came after it: an evicted or shut-down session start
 worker; a killed session is retired (:class:`SessionRetired`), and the supervisor creates the
 session anew for it.
 
-Every link is pinged (:meth:`WorkerLink.watch_liveness`): a worker that answers nothing for
-``link_ping_interval + link_ping_timeout`` loses its link and is recovered like one that cannot
-be reached (``LinkLost(alive=True)``: reconnects, deferred rounds, stop and respawn); a command
-waiting on it fails ``worker_unresponsive`` instead of waiting for ever.
+Every link is pinged (:meth:`WorkerLink.watch_liveness`): a worker that answers no ping within
+``link_ping_timeout`` loses its link and is recovered like one that cannot be reached
+(``LinkLost(alive=True)``: reconnects, deferred rounds, stop and respawn); a command waiting on
+it fails ``worker_unresponsive`` instead of waiting for ever — at most ``link_ping_interval +
+link_ping_timeout`` after the later of the command's start and the worker's last sign of life.
+An idle link (no command outstanding, no turn running) is pinged only after
+``link_idle_ping_interval`` of silence: an idle hung worker is found at most
+``link_idle_ping_interval + link_ping_timeout`` after its last sign of life, or
+``link_ping_interval + link_ping_timeout`` after a client was routed to it (:meth:`touch`).
 """
 
 from __future__ import annotations
@@ -224,9 +229,12 @@ class WorkerHandle:
         return max(0.0, now - since)
 
     def touch(self) -> None:
-        """A prompt arrived: not idle, and no longer evicted."""
+        """A prompt arrived (or a route for one): not idle, and no longer evicted; the
+        worker's link, if idle, proves soon that the worker answers (:meth:`WorkerLink.probe`)."""
         self.last_prompt = trio.current_time()
         self.evicted = False
+        if self.link is not None:
+            self.link.probe()
 
     def request_stop(
         self, *, graceful: bool = True, reason: StopReason = StopReason.SHUTDOWN
@@ -610,6 +618,7 @@ class WorkerHandle:
         self._readers.start_soon(functools.partial(
             link.watch_liveness, interval=self.timing.link_ping_interval,
             ping_timeout=self.timing.link_ping_timeout,
+            idle_interval=self.timing.link_idle_ping_interval,
         ))
 
     def _on_notice(self, notice: Notice) -> None:

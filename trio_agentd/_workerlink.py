@@ -6,9 +6,13 @@ with :class:`WorkerDropped` so the caller can reconnect and resend the *same* co
 worker's journal makes the resend safe).
 
 A worker that stops answering (SIGSTOP, a blocked event loop) keeps the connection open, so
-:meth:`WorkerLink.watch_liveness` pings it after ``link_ping_interval`` of silence and closes the
-link as *unresponsive* when nothing answers within ``link_ping_timeout`` (see
-:mod:`._liveness`): the handle then recovers it as a worker that does not answer.
+:meth:`WorkerLink.watch_liveness` pings it and closes the link as *unresponsive* when nothing
+answers within ``link_ping_timeout`` of a ping (see :mod:`._liveness`): the handle then
+recovers it as a worker that does not answer. While a call is outstanding or the worker runs a
+turn (its notices say so) it is pinged after ``link_ping_interval`` of silence (counted from the
+call's or turn's start at the earliest); an idle link only after ``link_idle_ping_interval``, so
+idle sessions cost next to nothing, and :meth:`WorkerLink.probe` (a route granted to a client)
+makes an idle link prove itself within ``link_ping_interval + link_ping_timeout``.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class WorkerLink:
                         with contextlib.suppress(trio.BrokenResourceError):
                             await chan.send(msg)
                 elif isinstance(msg, Notice):
+                    self.silence.peer_busy(msg.kind == "turn_started")
                     self.on_notice(msg)
                 elif isinstance(msg, Dropped):
                     self.drop_reason = msg.message
@@ -99,6 +104,7 @@ class WorkerLink:
         rid = next(self._ids)
         send, recv = trio.open_memory_channel[Response | Event](_BUFFERED)
         self._pending[rid] = send
+        self.silence.call_started()  # the busy ping pace, from now
         try:
             try:
                 await self.ms.send(Request(id=rid, op=op, client_id=client_id, args=args))
@@ -111,13 +117,30 @@ class WorkerLink:
                     await on_event(msg.event)
             raise WorkerDropped(self.drop_reason or "worker connection closed")
         finally:
+            self.silence.call_ended()
             self._pending.pop(rid, None)
             recv.close()  # the reader, if blocked on this call's channel, goes on
 
-    async def watch_liveness(self, *, interval: float, ping_timeout: float) -> None:
-        """Ping the worker whenever nothing has arrived from it for ``interval``; if nothing
-        arrives within ``ping_timeout`` of a ping, mark the link ``unresponsive`` and close it
-        (every pending call fails with :class:`WorkerDropped`). Returns once the link closed.
+    def probe(self) -> None:
+        """A client is about to use the worker directly (it was granted a route): unless the
+        worker says something within ``link_ping_interval`` (the client's prompt makes it send
+        a notice), it is pinged then. So a route to a hung worker leads to ``recovering``
+        within ``link_ping_interval + link_ping_timeout``, not the idle interval."""
+        self.silence.probe()
+
+    async def watch_liveness(
+        self, *, interval: float, ping_timeout: float, idle_interval: float | None = None
+    ) -> None:
+        """Ping the worker whenever nothing has arrived from it for ``interval`` while a call
+        is outstanding or it runs a turn (counted from the call's or turn's start at the
+        earliest), or for ``idle_interval`` otherwise (``None``: ``interval`` always; a
+        :meth:`probe` shortens it to ``interval``); if nothing arrives
+        within ``ping_timeout`` of a ping, mark the link ``unresponsive`` and close it (every
+        pending call fails with :class:`WorkerDropped`). Returns once the link closed.
+
+        So a call waiting on a hung worker fails at most ``interval + ping_timeout`` after the
+        later of its start and the worker's last sign of life, and an idle hung worker is
+        found at most ``idle_interval + ping_timeout`` after its last sign of life.
         """
         async def ping() -> None:
             await self.ms.send(Request(id=next(self._ids), op="ping", client_id="supervisor"))
@@ -130,7 +153,8 @@ class WorkerLink:
             nursery.start_soon(until_closed)
             at: float | None = None
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                at = await watch(self.silence, ping, interval=interval, ping_timeout=ping_timeout)
+                at = await watch(self.silence, ping, interval=interval,
+                                 ping_timeout=ping_timeout, idle_interval=idle_interval)
             nursery.cancel_scope.cancel()
         if at is None:
             return  # the link broke first: its reader fails the pending calls

@@ -240,6 +240,35 @@ def _command_index(argv: list[str]) -> int:
     return len(argv)
 
 
+# ps/status/doctor and the only flags they take: parsed without argparse (anything else, such
+# as -h, an abbreviation or a repeated global option, goes to argparse as before)
+_LOOK_FLAGS = {
+    "ps": ("--json",), "status": ("--json",), "doctor": ("--fix", "--dry-run", "--json"),
+}
+
+
+_DEST = {"--daemon-socket": "--socket", "--verbose": "-v"}
+
+
+def _look_args(argv: list[str], at: int) -> Any:
+    """The namespace argparse would make of ``[globals] ps|status|doctor [flags]``, or
+    ``None`` for any other command line."""
+    flags = _LOOK_FLAGS.get(argv[at]) if at < len(argv) else None
+    if flags is None or not set(argv[at + 1 :]) <= set(flags):
+        return None
+    into = PromptArgs()
+    named = [_DEST.get(w.partition("=")[0], w.partition("=")[0])
+             for w in argv[:at] if w.startswith("--")]
+    if len(named) != len(set(named)) or not _parse_globals(argv[:at], into):
+        return None  # a repeated option (argparse: the last wins) or anything unknown
+    import types
+
+    return types.SimpleNamespace(
+        command=argv[at], socket=into.socket, home=into.home, registry=into.registry,
+        verbose=into.verbose, **{f[2:].replace("-", "_"): f in argv[at + 1 :] for f in flags},
+    )
+
+
 def _parse_globals(words: list[str], into: PromptArgs) -> bool:
     """Read the global options before ``-p`` into ``into`` (those after ``-p`` win).
 
@@ -269,6 +298,8 @@ def _parse_globals(words: list[str], into: PromptArgs) -> bool:
 def run(argv: list[str]) -> int:
     argv = _rewrite(argv)
     at = _command_index(argv)
+    if (look := _look_args(argv, at)) is not None:
+        return _run_command(look, None)  # ps/doctor: building argparse costs more than they do
     prompt: PromptArgs | None = None
     if argv[at : at + 1] == ["prompt"]:
         try:

@@ -61,15 +61,22 @@ class Timing:
     # is logged and tried again after each of these delays, then given up on (logged again)
     storage_retry_delays: tuple[float, ...] = field(default=(0.05, 0.25, 1.0))
     # liveness of every link to a worker (the supervisor's, and a client's direct route while
-    # a prompt is outstanding): a side whose reader has waited ``link_ping_interval`` with
-    # nothing arriving from the worker sends it a ``ping``; if nothing at all arrives within
+    # a prompt is outstanding): while a command waits on the worker, a side whose reader has
+    # waited ``link_ping_interval`` with nothing arriving from the worker (counted from the
+    # command's start at the earliest) sends it a ``ping``; if nothing at all arrives within
     # ``link_ping_timeout`` of that ping, the worker is unresponsive (stopped, or its event loop
     # blocked). The supervisor then recovers it as a worker that does not answer (reconnects,
     # deferred rounds, stop and respawn); a prompt waiting on it fails ``worker_unresponsive``
-    # at most ``link_ping_interval + link_ping_timeout`` after the worker's last sign of life.
-    # A turn that is merely silent is not hung: its worker answers the pings.
+    # at most ``link_ping_interval + link_ping_timeout`` after the later of its start and the
+    # worker's last sign of life. A turn that is merely silent is not hung: its worker answers
+    # the pings.
     link_ping_interval: float = _defaults.LINK_PING_INTERVAL
     link_ping_timeout: float = _defaults.LINK_PING_TIMEOUT
+    # the supervisor's link to an idle worker (no command outstanding on it) is pinged after
+    # this long with nothing from the worker: an idle hung worker is found (``sessions`` says
+    # ``recovering``) at most ``link_idle_ping_interval + link_ping_timeout`` after its last
+    # sign of life, and 100 idle sessions cost 100 pings per 30 s, not per 2 s
+    link_idle_ping_interval: float = 30.0
 
 
 # The least value an override may set, per field (seconds). Anything run in a loop needs a

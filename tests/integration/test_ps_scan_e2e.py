@@ -1,0 +1,130 @@
+"""The process scan of ``ps``/``doctor`` runs only when it may find something, and then finds
+what it always found: real supervisors, real sockets, a real ``/proc``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from trio_agentd import _doctor
+from trio_agentd._paths import Layout
+
+from .harness import DaemonEnv, wait_for
+
+
+def _layout(env: DaemonEnv) -> Layout:
+    return Layout(home=env.home, socket=env.socket, registry=env.registry)
+
+
+def _count_scans(monkeypatch: pytest.MonkeyPatch, env: DaemonEnv) -> list[Path]:
+    """Count the process scans; the listening sockets are this test's alone (on a shared
+    machine another test's supervisor, of this uid, may just have lost its socket file)."""
+    scans: list[Path] = []
+    real = _doctor.scanned_sockets
+    real_listening = _doctor.listening_sockets
+
+    def ours_only(named: set[str]) -> list[tuple[str, bool, str]] | None:
+        found = real_listening(named)
+        root = f"{env.root}/"
+        return None if found is None else [x for x in found if x[0].startswith(root)]
+
+    monkeypatch.setattr(_doctor, "listening_sockets", ours_only)
+
+    def counted(home: Path) -> list[str]:
+        scans.append(home)
+        return real(home)
+
+    monkeypatch.setattr(_doctor, "scanned_sockets", counted)
+    return scans
+
+
+def test_a_healthy_supervisor_is_listed_without_a_process_scan(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert denv.prompt("one", session="a") == "[echo turn 1] one"
+    scans = _count_scans(monkeypatch, denv)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
+    found = _doctor.survey(_layout(denv))
+    assert [(f.socket, str(f.verdict.status)) for f in found] == [(denv.socket, "current")]
+    assert scans == []
+    assert _doctor.survey(_layout(denv), scan=True)[0].socket == denv.socket
+    assert len(scans) == 1
+
+
+def test_ps_finds_a_supervisor_no_file_names_beside_a_healthy_one(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert denv.prompt("one", session="a") == "[echo turn 1] one"
+    other = denv.socket_at("other.sock")  # not in the default socket dir: only its records name it
+    timing = json.dumps({"self_check_interval": 3600})  # no healing: its files stay lost
+    p = denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
+    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
+    for gone in (denv.registry, denv.home / "daemons"):  # at once: the default one heals
+        os.rename(gone, f"{gone}.gone")
+        shutil.rmtree(f"{gone}.gone")
+    # the default supervisor heals its own files (250 ms self-check); the other one does not
+    wait_for(lambda: _record_sockets(denv) == [denv.socket], timeout=10,
+             what="the default supervisor's record again")
+    cp = denv.run("ps", "--json")
+    assert cp.returncode == 0, cp.stderr
+    rows = {r["socket"]: r for r in json.loads(cp.stdout)}
+    assert rows[denv.socket]["status"] == "current"
+    assert other in rows
+    assert rows[other]["pid"] == p.pid
+
+
+
+def test_another_homes_supervisor_costs_no_scan_until_its_socket_file_goes(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert denv.prompt("one", session="a") == "[echo turn 1] one"
+    other = denv.socket_at("other.sock")  # a supervisor of another home and registry
+    p = denv.popen("--socket", other, "--home", str(denv.root / "home2"),
+                   "--registry", str(denv.root / "reg2"), "daemon")
+    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
+    scans = _count_scans(monkeypatch, denv)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
+    # its socket listens and no file of this home names it: its lease names its pid, whose
+    # command line says it serves another home — not ours, and no scan needed to know it
+    found = _doctor.survey(_layout(denv))
+    assert [(f.socket, str(f.verdict.status)) for f in found] == [(denv.socket, "current")]
+    assert scans == []
+
+    # its socket file deleted: a listener whose file is gone might be ours, so the scan runs
+    # (and finds it serves another home)
+    os.unlink(other)
+    found = _doctor.survey(_layout(denv))
+    assert [(f.socket, str(f.verdict.status)) for f in found] == [(denv.socket, "current")]
+    assert scans == [denv.home]
+    assert p.poll() is None
+
+
+def _record_sockets(env: DaemonEnv) -> list[str] | None:
+    try:
+        return [json.loads((r / "owner.json").read_bytes())["socket"]
+                for r in env.owner_records()]
+    except (OSError, ValueError):
+        return None  # being written
+
+
+def test_listening_sockets_show_a_deleted_socket_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "x.sock")
+    worker = str(tmp_path / "w-1234-abcd.sock")
+    with socket.socket(socket.AF_UNIX) as s, socket.socket(socket.AF_UNIX) as w:
+        s.bind(path)
+        s.listen()
+        w.bind(worker)
+        w.listen()
+        listeners = _doctor.listening_sockets({path})
+        assert listeners is not None
+        assert (path, True, "ours") in listeners
+        assert not [entry for entry in listeners if entry[0] == worker]  # a worker's: skipped
+        os.unlink(path)
+        listeners = _doctor.listening_sockets(set())
+        assert listeners is not None
+        assert (path, False, "gone") in listeners
