@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import socket as _socket
 import subprocess
 from pathlib import Path
@@ -27,6 +28,7 @@ from . import _fs
 from ._autostart import log_tail
 from ._errors import AgentdError, ErrorCode
 from ._exhaustion import RateLimitedLog, exhaustion_error, is_exhaustion
+from ._forkserver import ForkServer
 from ._handle import WorkerHandle
 from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
 from ._paths import Layout
@@ -58,6 +60,8 @@ class ProcessWorkerOps:
         self.timing = timing
         self.nursery: trio.Nursery | None = None  # for reapers; set once the supervisor runs
         self._children: dict[int, trio.Process] = {}
+        # the template that forks workers (started at the first spawn, in ``nursery``)
+        self.forkserver: ForkServer | None = None
         # session → why its last start or connect ran out of resources (cleared by a
         # connect that succeeds): the supervisor answers resource_exhausted, not "failed"
         self.exhausted: dict[str, AgentdError] = {}
@@ -203,48 +207,56 @@ class ProcessWorkerOps:
             cwd=cwd,
             agent_path=agent_import_path(cwd, env),
         )
+        # the session's environment; the daemon's knobs the worker reads (and then removes
+        # from its own environment, before any agent runs)
+        worker_env = {**env, **daemon_knobs(os.environ)}
         log_fd = _fs.open_trusted(
             session_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT
         )
         try:
-            proc = await trio.lowlevel.open_process(
-                isolated_python("trio_agentd.worker"),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log_fd,
-                start_new_session=True,
-                cwd="/",
-                # the session's environment; the daemon's knobs the worker reads (and then
-                # removes from its own environment, before any agent runs)
-                env={**env, **daemon_knobs(os.environ)},
-            )
+            started = await self._fork(worker_env, log_fd)
+            if started is None:
+                proc = await trio.lowlevel.open_process(
+                    isolated_python("trio_agentd.worker"),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log_fd,
+                    start_new_session=True,
+                    cwd="/",
+                    env=worker_env,
+                )
+                self._children[proc.pid] = proc
+                if self.nursery is not None:
+                    self.nursery.start_soon(self._reap, proc)
+                assert proc.stdin is not None
+                assert proc.stdout is not None
+                pid, stdin, stdout = proc.pid, proc.stdin, proc.stdout
+            else:
+                pid, stdin, stdout = started
         finally:
             os.close(log_fd)
-        self._children[proc.pid] = proc
-        if self.nursery is not None:
-            self.nursery.start_soon(self._reap, proc)
-        start_id = read_start_id(proc.pid)
+        start_id = read_start_id(pid)
         if start_id is None:
             # its identity could not be read (out of descriptors?): a worker we could never
             # signal identity-checked must not run. It has not passed its gate: no children.
-            why = _identity_unreadable(proc.pid)
-            proc.kill()
+            why = _identity_unreadable(pid)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
             with trio.move_on_after(self.timing.kill_confirm_timeout, shield=True):
-                await proc.wait()
+                await stdin.aclose()
+                await self._wait_gone(pid)
             raise why
-        h.pid = proc.pid
+        h.pid = pid
         h.start_id = start_id
-        assert proc.stdin is not None
-        assert proc.stdout is not None
         try:
-            await proc.stdin.send_all(config.to_json().encode() + b"\n")
+            await stdin.send_all(config.to_json().encode() + b"\n")
             # the descriptor is on disk before the worker does any work
             self.persist(h, lifecycle=Mode.STARTING)
-            await proc.stdin.send_all(b"go\n")
-            await proc.stdin.aclose()
+            await stdin.send_all(b"go\n")
+            await stdin.aclose()
             buf = b""
             while not buf.endswith(b"\n") and len(buf) <= FAILED_LINE_MAX:
-                chunk = await proc.stdout.receive_some(64)
+                chunk = await stdout.receive_some(64)
                 if not chunk:
                     break
                 buf += chunk
@@ -252,7 +264,8 @@ class ProcessWorkerOps:
             buf = b""
         finally:
             with trio.move_on_after(1, shield=True):
-                await proc.stdout.aclose()
+                await stdin.aclose()
+                await stdout.aclose()
         if buf.startswith(b"failed ") and buf.endswith(b"\n"):
             # the agent cannot be loaded: the worker says why, in one line, and exits
             try:
@@ -267,6 +280,48 @@ class ProcessWorkerOps:
                 f"worker for session {h.session_id} exited before it was ready; log:"
                 f" {log_tail(session_dir / 'worker.log', 5)}",
             )
+
+    async def _fork(
+        self, env: dict[str, str], log_fd: int
+    ) -> tuple[int, trio.lowlevel.FdStream, trio.lowlevel.FdStream] | None:
+        """A worker forked by the template: (pid, its stdin, its stdout), or ``None`` when
+        the template cannot fork it now (the worker is exec'd). The first spawn starts the
+        template and waits for it; while one that died is restarted, workers are exec'd."""
+        fs = self.forkserver
+        if fs is None:
+            if self.nursery is None:
+                return None
+            fs = self.forkserver = ForkServer(self.timing.fork_template_restart_delay)
+            self.nursery.start_soon(fs.run)
+        with trio.move_on_after(self.timing.worker_connect_timeout):
+            await fs.settled.wait()
+        in_r, in_w = os.pipe()
+        try:
+            out_r, out_w = os.pipe()
+        except BaseException:
+            os.close(in_r)
+            os.close(in_w)
+            raise
+        pid = None
+        try:
+            pid = await fs.spawn(env, (in_r, out_w, log_fd))
+        finally:
+            os.close(in_r)
+            os.close(out_w)
+            if pid is None:
+                os.close(in_w)
+                os.close(out_r)
+        if pid is None:
+            return None
+        return pid, trio.lowlevel.FdStream(in_w), trio.lowlevel.FdStream(out_r)
+
+    async def _wait_gone(self, pid: int) -> None:
+        proc = self._children.get(pid)
+        if proc is not None:
+            await proc.wait()
+            return
+        while liveness(pid, read_start_id(pid)) is not Liveness.DEAD:
+            await _wait_pid_exit(pid)
 
     async def _reap(self, proc: trio.Process) -> None:
         try:

@@ -77,6 +77,9 @@ class Timing:
     # ``recovering``) at most ``link_idle_ping_interval + link_ping_timeout`` after its last
     # sign of life, and 100 idle sessions cost 100 pings per 30 s, not per 2 s
     link_idle_ping_interval: float = 30.0
+    # a supervisor's worker fork template that died is started again after this long (doubled
+    # while it keeps dying before it is ready, to 60 s); workers are exec'd meanwhile
+    fork_template_restart_delay: float = 0.5
 
 
 # The least value an override may set, per field (seconds). Anything run in a loop needs a

@@ -1,0 +1,244 @@
+"""Workers forked from the supervisor's template, end to end: real supervisors, templates and
+workers, ``kill -9``, ``/proc``.
+
+- a new session's worker is forked from the template: no child of the supervisor, the leader
+  of its own session, holding only its own descriptors (none of the supervisor's lease, log or
+  sockets, none of the template's);
+- its agent gets the creating client's environment, not the supervisor's;
+- it survives the template's ``kill -9`` and the supervisor's, and the next supervisor adopts
+  it; the template itself dies with its supervisor;
+- while the template is dead workers are exec'd; it is started again and forks again;
+- ``shutdown`` leaves no process behind; ``restart`` keeps the workers, not the template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from .harness import DaemonEnv, wait_for
+
+CLI = str(Path(sys.executable).parent / "trio-agentd")
+
+
+def cli(env: DaemonEnv, *args: str, extra: dict[str, str] | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CLI, *args], env={**env.env, **(extra or {})}, capture_output=True, text=True,
+        timeout=60, stdin=subprocess.DEVNULL, cwd=cwd,
+    )
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _ppid(pid: int) -> int:
+    return int(_stat(pid)[1])
+
+
+def _argv(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode() for a in f.read().split(b"\0") if a]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return _stat(pid)[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _templates(env: DaemonEnv, supervisor: int) -> list[int]:
+    """The supervisor's live fork templates (its children started ``--template``)."""
+    return [p for p in env.our_pids()
+            if _alive(p) and _ppid(p) == supervisor and _argv(p)[-1] == "--template"]
+
+
+def _template(env: DaemonEnv, supervisor: int) -> int:
+    found: list[int] = wait_for(lambda: _templates(env, supervisor), timeout=30,
+                                what="the supervisor's fork template")
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _worker(env: DaemonEnv, session: str) -> int:
+    return int(next(d["pid"] for d in env.descriptors() if d["session"] == session))
+
+
+def _forked(pid: int, supervisor: int) -> bool:
+    """Forked by a template: the template's command line, no child of the supervisor."""
+    return _argv(pid)[-1] == "--template" and _ppid(pid) != supervisor
+
+
+def _fds(pid: int) -> dict[int, str]:
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+    return out
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    return {t for t in _fds(pid).values() if t.startswith("socket:")}
+
+
+def test_a_new_worker_is_forked_and_holds_only_its_own_descriptors(denv: DaemonEnv) -> None:
+    assert denv.prompt("hi", session="a") == "[echo turn 1] hi"
+    assert denv.prompt("hi", session="b") == "[echo turn 1] hi"
+    sup = denv.owner()["pid"]
+    template = _template(denv, sup)
+    for session in ("a", "b"):
+        pid = _worker(denv, session)
+        assert _forked(pid, sup), (_argv(pid), _ppid(pid), sup)
+        stat = _stat(pid)
+        assert int(stat[2]) == pid
+        assert int(stat[3]) == pid
+        fds = _fds(pid)
+        assert fds[0] == fds[1] == "/dev/null"
+        assert fds[2] == str(denv.home / "sessions" / session / "worker.log")
+        for fd, target in fds.items():
+            assert not target.endswith((".lock", "daemon.log", "owner.json")), (fd, target)
+        # none of the supervisor's sockets, none of the template's
+        assert not _socket_inodes(pid) & (_socket_inodes(sup) | _socket_inodes(template))
+    # the template holds its socket, /dev/null and the daemon log: no lease, no listener
+    tfds = _fds(template)
+    assert sorted(tfds) == [0, 1, 2, 3], tfds
+    assert tfds[0] == tfds[1] == "/dev/null"
+    assert tfds[2].endswith("daemon.log")
+    assert tfds[3].startswith("socket:")
+
+
+def test_the_agent_gets_the_creating_clients_environment(denv: DaemonEnv, tmp_path: Path
+                                                         ) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "envagent.py").write_text(
+        "import os\n"
+        "class Agent:\n"
+        "    replayable = True\n"
+        "    async def turn(self, prompt, ctx):\n"
+        "        yield os.environ.get(prompt, '-') + '\\n'\n"
+        "def make():\n"
+        "    return Agent()\n"
+    )
+    # the supervisor (and its template) start with FS_WHO=daemon
+    assert cli(denv, "-p", "-s", "first", "hi", extra={"FS_WHO": "daemon"}).returncode == 0
+    sup = denv.owner()["pid"]
+    _template(denv, sup)
+    client = {"FS_WHO": "client", "TZ": "UTC"}
+    cp = cli(denv, "-p", "-s", "sh", "--agent", "shell",
+             "echo $FS_WHO; env | grep ^TRIO_AGENTD_ | cut -d= -f1 | sort", extra=client)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.split() == ["client", "TRIO_AGENTD_SESSION", "TRIO_AGENTD_TURN"]
+    cp = cli(denv, "-p", "-s", "py", "--agent", "envagent:make", "FS_WHO", extra=client,
+             cwd=proj)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == "client\n"
+    cp = cli(denv, "-p", "-s", "py", "TRIO_AGENTD_HOME", cwd=proj)
+    assert cp.stdout == "-\n"
+    # an environment bigger than a socket buffer travels whole
+    big = {f"FS_BIG{i}": str(i) * 100_000 for i in range(4)}
+    cp = cli(denv, "-p", "-s", "big", "--agent", "shell",
+             "echo ${#FS_BIG0} ${#FS_BIG3}", extra=big)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == "100000 100000\n"
+    for session in ("sh", "py", "big"):
+        assert _forked(_worker(denv, session), sup)
+
+
+def test_a_forked_worker_survives_the_template_and_the_supervisor_and_is_adopted(
+    denv: DaemonEnv,
+) -> None:
+    assert denv.prompt("one", session="w") == "[echo turn 1] one"
+    sup = denv.owner()["pid"]
+    template = _template(denv, sup)
+    worker = _worker(denv, "w")
+    assert _forked(worker, sup)
+    os.kill(template, signal.SIGKILL)
+    wait_for(lambda: not _alive(template), timeout=10, what="the template to die")
+    assert _alive(worker)
+    assert denv.prompt("two", session="w") == "[echo turn 2] two"
+    template = _template(denv, sup)  # started again
+    os.kill(sup, signal.SIGKILL)
+    # the template goes with its supervisor; the worker stays
+    wait_for(lambda: not _alive(template), timeout=10, what="the template to exit")
+    assert _alive(worker)
+    assert denv.prompt("three", session="w") == "[echo turn 3] three"
+    assert denv.owner()["pid"] != sup
+    assert _worker(denv, "w") == worker
+    rows = json.loads(denv.run("sessions", "--json").stdout)
+    assert [(r["session"], r["pid"], r["restarts"]) for r in rows] == [("w", worker, 0)]
+
+
+def test_workers_are_execd_while_the_template_is_dead(denv: DaemonEnv) -> None:
+    timing = {"TRIO_AGENTD_TIMING": json.dumps({"fork_template_restart_delay": 3600})}
+    assert cli(denv, "-p", "-s", "a", "hi", extra=timing).returncode == 0
+    sup = denv.owner()["pid"]
+    template = _template(denv, sup)
+    os.kill(template, signal.SIGKILL)
+    wait_for(lambda: not _alive(template), timeout=10, what="the template to die")
+    assert denv.prompt("hi", session="b") == "[echo turn 1] hi"
+    b = _worker(denv, "b")
+    assert _ppid(b) == sup
+    assert _argv(b)[-2:] == ["-m", "trio_agentd.worker"]
+    # a forked worker that crashes is respawned the same way
+    a = _worker(denv, "a")
+    os.kill(a, signal.SIGKILL)
+    assert denv.prompt("again", session="a") == "[echo turn 2] again"
+    assert _ppid(_worker(denv, "a")) == sup
+    assert _templates(denv, sup) == []
+
+
+def test_the_template_is_started_again_and_forks_again(denv: DaemonEnv) -> None:
+    assert denv.prompt("hi", session="a") == "[echo turn 1] hi"
+    sup = denv.owner()["pid"]
+    first = _template(denv, sup)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: not _alive(first), timeout=10, what="the template to die")
+    second = wait_for(lambda: [p for p in _templates(denv, sup) if p != first], timeout=30,
+                      what="a new template")[0]
+    # once it is ready (the supervisor alone sees that), new sessions' workers come from it
+    made: list[str] = []
+
+    def next_is_forked() -> bool:
+        session = f"n{len(made)}"
+        made.append(session)
+        assert denv.prompt("hi", session=session) == "[echo turn 1] hi"
+        return _forked(_worker(denv, session), sup)
+
+    wait_for(next_is_forked, timeout=30, what="a worker forked by the new template")
+    assert _templates(denv, sup) == [second]
+
+
+def test_shutdown_leaves_nothing_behind(denv: DaemonEnv) -> None:
+    for s in ("a", "b"):
+        assert denv.prompt("hi", session=s) == "[echo turn 1] hi"
+    sup = denv.owner()["pid"]
+    template = _template(denv, sup)
+    cp = denv.run("shutdown")
+    assert cp.returncode == 0, cp.stderr
+    wait_for(lambda: not denv.our_pids(), timeout=30, what="every process to exit")
+    assert not _alive(template)
+    assert "Traceback" not in denv.log_text()
+
+
+def test_restart_keeps_forked_workers_and_ends_the_old_template(denv: DaemonEnv) -> None:
+    assert denv.prompt("hi", session="a") == "[echo turn 1] hi"
+    sup = denv.owner()["pid"]
+    template = _template(denv, sup)
+    worker = _worker(denv, "a")
+    cp = denv.run("restart")
+    assert cp.returncode == 0, cp.stderr
+    wait_for(lambda: not _alive(sup) and not _alive(template), timeout=30,
+             what="the old supervisor and its template to exit")
+    assert denv.prompt("hi", session="a") == "[echo turn 2] hi"
+    assert _worker(denv, "a") == worker
+    assert "Traceback" not in denv.log_text()

@@ -1,0 +1,153 @@
+"""The fork template's own protocol, against a real template process (no supervisor): a
+request forks a worker that runs the worker's ``main()`` on the three descriptors it was
+given, in the environment it was given; a malformed request is refused and the template
+serves on; it exits when its socket closes, and its workers do not."""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from trio_agentd._forkserver import _HEADER, TEMPLATE_FLAG, ForkServer, interpreter_env
+from trio_agentd._trust import isolated_python
+
+from .harness import wait_for
+
+
+def _send(sock: socket.socket, body: object, fds: list[int]) -> None:
+    data = json.dumps(body).encode()
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([_HEADER.pack(len(data)) + data], anc)
+
+
+def _recv(sock: socket.socket) -> dict[str, object]:
+    head = b""
+    while len(head) < _HEADER.size:
+        chunk = sock.recv(_HEADER.size - len(head))
+        assert chunk, "the template closed its socket"
+        head += chunk
+    (size,) = _HEADER.unpack(head)
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        assert chunk
+        body += chunk
+    reply = json.loads(body)
+    assert isinstance(reply, dict)
+    return reply
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def template() -> Iterator[tuple[subprocess.Popen[bytes], socket.socket]]:
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen([*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
+                            stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/")
+    theirs.close()
+    ours.settimeout(30)
+    try:
+        assert _recv(ours) == {"ready": proc.pid}
+        yield proc, ours
+    finally:
+        ours.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_forked_worker_runs_main_on_its_descriptors_and_environment(
+    template: tuple[subprocess.Popen[bytes], socket.socket],
+) -> None:
+    proc, sock = template
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    _send(sock, {"env": {"FS_MARK": "x"}}, [in_r, out_w, err_w])
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    reply = _recv(sock)
+    pid = reply["pid"]
+    assert isinstance(pid, int)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        assert int(fields[1]) != proc.pid  # orphaned at once: no child of the template
+        assert int(fields[2]) == pid
+        assert int(fields[3]) == pid
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"
+        # the worker's main() reads its config from the stdin we gave: none, so it says so
+        # on the stderr we gave and exits 1; nothing on stdout (our pipe sees EOF)
+        os.close(in_w)
+        assert os.read(out_r, 100) == b""
+        err = b""
+        while chunk := os.read(err_r, 4096):
+            err += chunk
+        assert b"no config on stdin" in err
+        wait_for(lambda: not _alive(pid), timeout=10, what="the worker to exit")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        for fd in (out_r, err_r):
+            os.close(fd)
+
+
+def test_a_malformed_request_is_refused_and_the_template_serves_on(
+    template: tuple[subprocess.Popen[bytes], socket.socket],
+) -> None:
+    proc, sock = template
+    r, w = os.pipe()
+    _send(sock, {"env": {"A": 1}}, [r, w, w])
+    assert _recv(sock)["errno"] == 22  # EINVAL
+    _send(sock, {"nothing": True}, [])
+    assert _recv(sock)["errno"] == 22
+    os.close(r)
+    os.close(w)
+    assert proc.poll() is None
+
+
+def test_the_template_exits_when_its_socket_closes_and_its_workers_stay(
+    template: tuple[subprocess.Popen[bytes], socket.socket],
+) -> None:
+    proc, sock = template
+    in_r, in_w = os.pipe()
+    null = os.open(os.devnull, os.O_WRONLY)
+    _send(sock, {"env": {}}, [in_r, null, null])
+    os.close(in_r)
+    os.close(null)
+    pid = _recv(sock)["pid"]
+    assert isinstance(pid, int)
+    try:
+        sock.close()
+        assert proc.wait(timeout=10) == 0
+        assert _alive(pid)  # waiting on its stdin for a config
+    finally:
+        os.close(in_w)  # EOF: it exits
+        wait_for(lambda: not _alive(pid), timeout=10, what="the worker to exit")
+
+
+def test_only_an_environment_the_template_can_start_like_is_forked() -> None:
+    fs = ForkServer(restart_delay=0.5)
+    env = {"HOME": "/h", "LANG": "C.UTF-8", "PATH": "/bin"}
+    assert interpreter_env(env) == {"HOME": "/h", "LANG": "C.UTF-8", "LC_ALL": None,
+                                    "LC_CTYPE": None}
+    fs._env = dict(env)
+    assert not fs.usable_for(env)  # not ready
+    fs.ready.set()
+    assert fs.usable_for({**env, "PATH": "/usr/bin", "X": "1"})
+    assert not fs.usable_for({**env, "HOME": "/other"})
+    assert not fs.usable_for({**env, "LC_ALL": "C"})

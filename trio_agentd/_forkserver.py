@@ -1,0 +1,435 @@
+"""A fork server for workers: a pre-imported *template* process that forks new workers.
+
+Starting a worker by exec pays a Python start and the import of trio and of the worker's
+modules (≈ 100 ms of CPU, ≈ 16 MB of private memory each). The template pays it once: it is
+started (``python -E -P -m trio_agentd.worker --template``, the same interpreter and flags as
+a worker) by the supervisor, imports everything a worker imports, freezes its heap
+(``gc.freeze()``, so the collector never writes to the objects the children share) and then
+only waits on a private socketpair (its stdin) for requests. It never runs an event loop or a
+thread, so a fork of it is safe.
+
+A request carries three descriptors (``SCM_RIGHTS``: the worker's stdin and stdout pipes and
+its log) and the worker's environment. The template forks twice: the grandchild calls
+``setsid`` (its own session and process group, as an exec'd worker's), tells the template its
+pid, takes the three descriptors as 0, 1, 2, closes every other descriptor, takes the
+environment (``os.environ``, so also what its agents inherit), ``cd /``, the signal
+dispositions of a fresh interpreter, and runs the worker's ``main()``: from there on it is an
+exec'd worker (config on stdin, the ``go`` gate, ``ready`` on stdout). The middle process
+exits at once, so the worker is no child of the template: it survives the template, and is
+waited for like an adopted worker (a pidfd).
+
+The supervisor side (:class:`ForkServer`) runs the template in the service nursery, restarts
+it when it dies (after ``fork_template_restart_delay``, doubling while it keeps dying before it
+is ready) and answers ``None`` to :meth:`ForkServer.spawn` whenever it cannot fork — no
+template (yet), a request that timed out, an environment whose interpreter settings differ
+from the template's — so the caller execs the worker as before. The template exits when its
+socket closes: with the supervisor, also on ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno as _errno
+import gc
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import trio
+
+log = logging.getLogger("trio_agentd.supervisor")
+
+TEMPLATE_FLAG = "--template"
+_HEADER = struct.Struct("!I")
+# the most a request or a reply may be (the environment is the big part): bounded buffers
+MAX_MESSAGE = 4 * 1024 * 1024
+# environment variables an interpreter reads at its start even under -E (the user site dir
+# under HOME; the locale: the filesystem and stdio encodings, UTF-8 mode): a worker whose
+# environment differs here from the template's is exec'd, so it starts as it always did
+INTERPRETER_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE")
+# how long the template may take to start (a Python start and the imports), and to answer
+READY_TIMEOUT = 30.0
+REQUEST_TIMEOUT = 5.0
+MAX_RESTART_DELAY = 60.0
+
+
+def interpreter_env(env: Mapping[str, str]) -> dict[str, str | None]:
+    return {k: env.get(k) for k in INTERPRETER_ENV}
+
+
+# --- the template (no trio, no threads) ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerStart:
+    """What a freshly forked worker takes over: its three descriptors and its environment."""
+
+    fds: tuple[int, int, int]
+    env: dict[str, str]
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _receive_request(sock: socket.socket) -> tuple[list[int], bytes] | None:
+    """One request: (its descriptors, its JSON body); ``None`` on EOF (the supervisor is gone)."""
+    fds = array.array("i")
+    msg, anc, _flags, _addr = sock.recvmsg(
+        _HEADER.size, socket.CMSG_SPACE(16 * fds.itemsize)
+    )
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    received = list(fds)
+    if not msg:
+        _close_all(received)
+        return None
+    rest = _recv_exactly(sock, _HEADER.size - len(msg))
+    if rest is None:
+        _close_all(received)
+        return None
+    (size,) = _HEADER.unpack(msg + rest)
+    body = _recv_exactly(sock, size) if size <= MAX_MESSAGE else None
+    if body is None:
+        _close_all(received)
+        return None
+    return received, body
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _reply(sock: socket.socket, obj: object) -> None:
+    body = json.dumps(obj).encode()
+    sock.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _fork_worker(sock: socket.socket, fds: list[int], env: dict[str, str]) -> _WorkerStart | None:
+    """Fork a worker; in the worker return what it takes over, in the template ``None``
+    (after answering the supervisor with the worker's pid or the errno of the failure)."""
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()  # what the loop allocated since, too: the children share it untouched
+    try:
+        middle = os.fork()
+    except OSError as exc:
+        os.close(r)
+        os.close(w)
+        _reply(sock, {"errno": exc.errno, "error": str(exc)})
+        return None
+    if middle == 0:
+        try:
+            os.close(r)
+            worker = os.fork()
+        except OSError as exc:
+            os.write(w, b"E%d" % (exc.errno or _errno.EAGAIN))
+            os._exit(0)
+        if worker != 0:
+            os._exit(0)  # the worker is orphaned now: no child of the template
+        os.setsid()  # before its pid is known to anyone: it leads its own group at once
+        os.write(w, b"%d" % os.getpid())
+        os.close(w)
+        in_fd, out_fd, err_fd = fds
+        return _WorkerStart((in_fd, out_fd, err_fd), env)
+    os.close(w)
+    data = b""
+    try:
+        while len(data) < 32:
+            chunk = os.read(r, 32)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+    os.waitpid(middle, 0)
+    if data.startswith(b"E"):
+        code = int(data[1:] or _errno.EAGAIN)
+        _reply(sock, {"errno": code, "error": os.strerror(code)})
+    elif data.isdigit():
+        _reply(sock, {"pid": int(data)})
+    else:
+        _reply(sock, {"errno": _errno.ECHILD, "error": "the forked worker died at once"})
+    return None
+
+
+def _serve(sock: socket.socket) -> _WorkerStart | None:
+    """The template's loop: one request at a time until EOF. Returns in a forked worker."""
+    while True:
+        got = _receive_request(sock)
+        if got is None:
+            return None
+        fds, body = got
+        try:
+            env = json.loads(body)["env"]
+            ok = len(fds) == 3 and isinstance(env, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+            )
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            _close_all(fds)
+            _reply(sock, {"errno": _errno.EINVAL, "error": "malformed request"})
+            continue
+        start = _fork_worker(sock, fds, env)
+        if start is not None:
+            sock.close()
+            return start
+        _close_all(fds)
+
+
+def _preload() -> None:
+    """Import what a worker imports, so its forks need not."""
+    import resource  # noqa: F401  (the worker raises its descriptor limit)
+
+    import trio  # noqa: F401
+    import trio_util  # noqa: F401
+
+    from . import _exhaustion, _fs, _inotify, _trust, _worker, timing  # noqa: F401
+    from .agents import _echo, _exec, _shell  # noqa: F401
+
+
+def _become_worker(start: _WorkerStart) -> None:
+    """In the forked worker: take the descriptors, environment, cwd and signal dispositions
+    an exec'd worker starts with."""
+    for target, fd in enumerate(start.fds):
+        os.dup2(fd, target)
+    os.closerange(3, _max_fd())
+    os.environ.clear()
+    os.environ.update(start.env)
+    time.tzset()
+    os.chdir("/")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    del sys.argv[1:]  # as ``python -m trio_agentd.worker`` has it: the module's path
+    import importlib
+
+    importlib.invalidate_caches()  # the agent's modules may be newer than the template
+
+
+def _max_fd() -> int:
+    try:
+        return max(int(os.sysconf("SC_OPEN_MAX")), 256)
+    except (ValueError, OSError):
+        return 65536
+
+
+def serve_template() -> None:
+    """``python -m trio_agentd.worker --template``: the template's main. Returns in a forked
+    worker, ready for the worker's ``main()``; in the template exits when the supervisor's
+    end of the socket closes."""
+    # Ctrl-C on a foreground supervisor reaches its process group: the template ends with
+    # the supervisor (its socket closes), never with a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        _preload()
+        gc.collect()
+        gc.freeze()
+        _reply(sock, {"ready": os.getpid()})
+        start = _serve(sock)
+    except (BrokenPipeError, ConnectionResetError):
+        start = None  # the supervisor is gone
+    if start is None:
+        sys.exit(0)
+    _become_worker(start)
+
+
+# --- the supervisor's side ----------------------------------------------------------------------
+
+
+class ForkServer:
+    """The template of one supervisor: started by :meth:`run` (in the service nursery),
+    restarted when it dies, killed when :meth:`run` is cancelled."""
+
+    def __init__(self, restart_delay: float) -> None:
+        import trio
+
+        self.restart_delay = restart_delay
+        self.pid: int | None = None  # the running template's
+        self.ready = trio.Event()  # set while a template is ready; replaced when it dies
+        self.starts = 0
+        # set once the first template is ready or has failed: the first spawns wait for it
+        self.settled = trio.Event()
+        self._sock: trio.socket.SocketType | None = None
+        self._env: dict[str, str] = {}
+        self._lock = trio.Lock()
+        self._proc: trio.Process | None = None
+
+    async def run(self) -> None:
+        """Keep a template running until cancelled (then kill it); never raises else."""
+        import trio
+
+        delay = self.restart_delay
+        try:
+            while True:
+                try:
+                    ok = await self._run_once()
+                except (OSError, ValueError) as exc:
+                    log.error("the worker fork template failed: %s", exc)
+                    ok = False
+                finally:
+                    self.settled.set()
+                status = self._proc.returncode if self._proc is not None else None
+                delay = self.restart_delay if ok else min(delay * 2, MAX_RESTART_DELAY)
+                log.warning("the worker fork template exited (status %s); new workers are"
+                            " exec'd until it is started again in %gs", status, delay)
+                await trio.sleep(delay)
+        finally:
+            self._close()
+            if self._proc is not None:
+                with trio.move_on_after(2, shield=True):
+                    await self._proc.wait()
+
+    async def _run_once(self) -> bool:
+        """Start a template and wait for it to exit; whether it ever got ready.
+
+        Raises:
+            OSError: it could not be started (no descriptors, no processes left…).
+            ValueError: it answered garbage.
+        """
+        import trio
+
+        from ._trust import isolated_python
+
+        self._proc = None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._env = dict(os.environ)
+        try:
+            self._proc = await trio.lowlevel.open_process(
+                [*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
+                stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/", env=self._env,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.starts += 1
+        self._sock = trio.socket.from_stdlib_socket(ours)
+        ok = False
+        try:
+            with trio.move_on_after(READY_TIMEOUT):
+                reply = await self._read_reply()
+                ok = isinstance(reply, dict) and reply.get("ready") == self._proc.pid
+            if ok:
+                self.pid = self._proc.pid
+                self.ready.set()
+            else:
+                log.error("the worker fork template did not start (its errors, if any, are"
+                          " above); new workers are exec'd")
+                self._proc.kill()
+            self.settled.set()
+            await self._proc.wait()
+            return ok
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        import trio
+
+        self.pid = None
+        if self.ready.is_set():
+            self.ready = trio.Event()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None and self._proc.returncode is None:
+            # cancelled (the supervisor stops): the template goes too (its socket is closed
+            # anyway; it would exit on its own)
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+
+    async def _read_reply(self) -> object:
+        assert self._sock is not None
+        head = await self._recv_exactly(_HEADER.size)
+        if head is None:
+            return None
+        (size,) = _HEADER.unpack(head)
+        if size > MAX_MESSAGE:
+            return None
+        body = await self._recv_exactly(size)
+        return None if body is None else json.loads(body)
+
+    async def _recv_exactly(self, n: int) -> bytes | None:
+        assert self._sock is not None
+        buf = b""
+        while len(buf) < n:
+            chunk = await self._sock.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def usable_for(self, env: Mapping[str, str]) -> bool:
+        return self.ready.is_set() and interpreter_env(env) == interpreter_env(self._env)
+
+    async def spawn(self, env: Mapping[str, str], fds: tuple[int, int, int]) -> int | None:
+        """Fork a worker with these stdin, stdout and stderr descriptors (the caller keeps
+        and closes them) and this environment; its pid, or ``None`` when no template can
+        fork it now (the caller execs the worker).
+
+        Raises:
+            OSError: the template could not fork (EAGAIN, ENOMEM…).
+        """
+        import trio
+
+        if not self.usable_for(env):
+            return None
+        body = json.dumps({"env": dict(env)}).encode()
+        if len(body) > MAX_MESSAGE:
+            return None
+        async with self._lock:
+            sock, proc = self._sock, self._proc
+            if sock is None or proc is None or not self.ready.is_set():
+                return None
+            reply: object = None
+            data = _HEADER.pack(len(body)) + body
+            with trio.move_on_after(REQUEST_TIMEOUT):
+                try:
+                    sent = await sock.sendmsg(
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    )
+                    while sent < len(data):  # a big environment: the rest
+                        sent += await sock.send(data[sent:])
+                    reply = await self._read_reply()
+                except (OSError, ValueError, trio.ClosedResourceError, trio.BrokenResourceError):
+                    reply = None
+            if not isinstance(reply, dict):
+                # dead, wedged or garbled: it goes, and is restarted; a worker it may have
+                # forked meanwhile finds its stdin closed before the gate and exits
+                log.warning("the worker fork template did not answer; exec'ing the worker")
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                if self.ready.is_set():
+                    self.ready = trio.Event()
+                return None
+            pid = reply.get("pid")
+            if isinstance(pid, int) and pid > 0:
+                return pid
+            code = reply.get("errno")
+            raise OSError(code if isinstance(code, int) else _errno.EIO,
+                          str(reply.get("error") or "fork failed"))
