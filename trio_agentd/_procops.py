@@ -1,6 +1,8 @@
 """Real worker processes: the :class:`._handle.WorkerOps` the supervisor runs with.
 
-Spawning follows the start-gate protocol: the config goes to the worker's stdin, the
+A worker is forked from the supervisor's pre-imported template (``_forkserver``) when it
+can be, else exec'd (``python -E -P -m trio_agentd.worker``); either way spawning follows the
+start-gate protocol: the config goes to the worker's stdin, the
 descriptor is written, then ``go`` opens the gate; the worker answers ``ready`` on its stdout
 once its socket listens, or ``failed <JSON string>`` when its agent cannot be loaded (an
 ``agent_failed`` error: the session fails with that cause, and is not respawned). Signals are

@@ -165,6 +165,22 @@ class DaemonEnv:
                 pids.append(pid)
         return sorted(pids)
 
+    def fork_templates(self) -> list[int]:
+        """Our supervisors' worker fork templates (``--template``, in their supervisor's
+        session; the workers they fork lead sessions of their own)."""
+        out = []
+        for pid in self.our_pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    template = f.read().split(b"\0")[-2:-1] == [b"--template"]
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    sid = int(f.read().rsplit(b")", 1)[1].split()[3])
+            except (OSError, IndexError, ValueError):
+                continue
+            if template and sid != pid:
+                out.append(pid)
+        return out
+
     def kill_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:

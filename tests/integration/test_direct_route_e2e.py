@@ -88,7 +88,7 @@ async def test_prompts_go_direct_and_survive_a_supervisor_kill9_without_reroutin
             assert await client.prompt("d", "one") == "[echo turn 1] one\n"
             sup = denv.owner()["pid"]
             worker = _worker_pids(denv)["d"]
-            assert sorted(denv.our_pids()) == sorted([sup, worker])
+            assert sorted(denv.our_pids()) == sorted([sup, worker, *denv.fork_templates()])
 
             await _kill9_and_wait(denv, sup, "the supervisor")
             assert await client.prompt("d", "two") == "[echo turn 2] two\n"
@@ -99,8 +99,10 @@ async def test_prompts_go_direct_and_survive_a_supervisor_kill9_without_reroutin
             assert client.reroutes == 0
             assert client.reconnects == 0
             assert _worker_pids(denv)["d"] == worker
-            # nobody started a supervisor for it: only the worker runs
-            assert denv.our_pids() == [worker]
+            # nobody started a supervisor for it: only the worker runs (the supervisor's
+            # fork template exits once it sees its supervisor gone)
+            await wait_until(lambda: denv.our_pids() == [worker], within=10,
+                             what="only the worker to run")
             # the dead supervisor's record is still there, unchanged
             assert denv.owner()["pid"] == sup
 
@@ -128,7 +130,8 @@ async def test_stream_through_a_supervisor_kill9_mid_stream_every_line_once_in_o
             assert client.reroutes == 0
             await wait_until(lambda: sup not in denv.our_pids(), within=10,
                              what="the supervisor to die")
-            assert denv.our_pids() == [_worker_pids(denv)["x"]]
+            await wait_until(lambda: denv.our_pids() == [_worker_pids(denv)["x"]], within=10,
+                             what="only the worker to run")
 
 
 # --- (c) a worker killed -9 mid-turn: re-route, the command runs to completion once -----------

@@ -55,7 +55,8 @@ async def test_open_client_autostarts_a_daemon(denv: DaemonEnv) -> None:
         ) as client:
             assert await client.prompt("auto", "hi") == "[echo turn 1] hi\n"
             assert client.hello.pid != os.getpid()
-    assert len(denv.our_pids()) == 2  # the autostarted supervisor and its worker
+    # the autostarted supervisor, its worker and its worker fork template
+    assert len(denv.our_pids()) == 3
 
 
 async def test_open_client_without_daemon_and_without_autostart_fails_clearly(
