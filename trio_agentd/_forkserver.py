@@ -3,10 +3,10 @@
 Starting a worker by exec pays a Python start and the import of trio and of the worker's
 modules (≈ 100 ms of CPU, ≈ 16 MB of private memory each). The template pays it once: it is
 started (``python -E -P -m trio_agentd.worker --template``, the same interpreter and flags as
-a worker) by the supervisor, imports everything a worker imports, freezes its heap
-(``gc.freeze()``, so the collector never writes to the objects the children share) and then
-only waits on a private socketpair (its stdin) for requests. It never runs an event loop or a
-thread, so a fork of it is safe.
+a worker) by the supervisor, imports everything a worker imports with the collector off,
+freezes its heap (``gc.freeze()``, so the children's collector never writes to the objects
+they share) and then only waits on a private socketpair (its stdin) for requests. It never
+runs an event loop or a thread, so a fork of it is safe.
 
 A request carries three descriptors (``SCM_RIGHTS``: the worker's stdin and stdout pipes and
 its log) and the worker's environment. The template forks twice: the grandchild calls
@@ -219,6 +219,7 @@ def _become_worker(start: _WorkerStart) -> None:
     os.environ.clear()
     os.environ.update(start.env)
     time.tzset()
+    gc.enable()  # as in any interpreter; the template's objects stay frozen, never scanned
     os.chdir("/")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     del sys.argv[1:]  # as ``python -m trio_agentd.worker`` has it: the module's path
@@ -241,14 +242,29 @@ def serve_template() -> None:
     # Ctrl-C on a foreground supervisor reaches its process group: the template ends with
     # the supervisor (its socket closes), never with a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(fileno=os.dup(0))
+    # no collection in the template at all: every object it makes stays where it is, on
+    # pages its children share (a collection would free holes in them, for a child to fill)
+    gc.disable()
+    # 0, 1, 2 always open (so neither our socket nor a received descriptor is one of them)
     null = os.open(os.devnull, os.O_RDWR)
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.dup2(null, fd)
+    sock = socket.socket(fileno=os.dup(0))
     os.dup2(null, 0)
-    os.close(null)
+    if null > 2:
+        os.close(null)
     try:
         _preload()
-        gc.collect()
-        gc.freeze()
+        import threading
+
+        if threading.active_count() != 1:
+            # never fork a process with threads: no template, the workers are exec'd
+            sys.exit("trio-agentd worker fork template: an import started a thread; not"
+                     " serving (workers are started by exec)")
+        gc.freeze()  # no collection first: it would leave holes the children's objects fill
         _reply(sock, {"ready": os.getpid()})
         start = _serve(sock)
     except (BrokenPipeError, ConnectionResetError):
