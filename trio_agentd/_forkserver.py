@@ -424,24 +424,31 @@ class ForkServer:
                 return None
             reply: object = None
             data = _HEADER.pack(len(body)) + body
-            with trio.move_on_after(REQUEST_TIMEOUT):
-                try:
-                    sent = await sock.sendmsg(
-                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                    )
-                    while sent < len(data):  # a big environment: the rest
-                        sent += await sock.send(data[sent:])
-                    reply = await self._read_reply()
-                except (OSError, ValueError, trio.ClosedResourceError, trio.BrokenResourceError):
-                    reply = None
+            try:
+                with trio.move_on_after(REQUEST_TIMEOUT):
+                    try:
+                        sent = await sock.sendmsg(
+                            [data],
+                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
+                        )
+                        while sent < len(data):  # a big environment: the rest
+                            sent += await sock.send(data[sent:])
+                        reply = await self._read_reply()
+                    except (OSError, ValueError, trio.ClosedResourceError,
+                            trio.BrokenResourceError):
+                        reply = None
+            finally:
+                if not isinstance(reply, dict):
+                    # dead, wedged, garbled, or this request was cancelled halfway (its
+                    # answer would be read as the next one's): it goes, and is restarted; a
+                    # worker it may have forked finds its stdin closed before the gate and
+                    # exits
+                    with contextlib.suppress(OSError):
+                        proc.kill()
+                    if self.ready.is_set():
+                        self.ready = trio.Event()
             if not isinstance(reply, dict):
-                # dead, wedged or garbled: it goes, and is restarted; a worker it may have
-                # forked meanwhile finds its stdin closed before the gate and exits
                 log.warning("the worker fork template did not answer; exec'ing the worker")
-                with contextlib.suppress(OSError):
-                    proc.kill()
-                if self.ready.is_set():
-                    self.ready = trio.Event()
                 return None
             pid = reply.get("pid")
             if isinstance(pid, int) and pid > 0:

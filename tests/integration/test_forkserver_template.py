@@ -15,7 +15,9 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
+import trio
 
+from trio_agentd import _forkserver
 from trio_agentd._forkserver import _HEADER, TEMPLATE_FLAG, ForkServer, interpreter_env
 from trio_agentd._trust import isolated_python
 
@@ -151,3 +153,54 @@ def test_only_an_environment_the_template_can_start_like_is_forked() -> None:
     assert fs.usable_for({**env, "PATH": "/usr/bin", "X": "1"})
     assert not fs.usable_for({**env, "HOME": "/other"})
     assert not fs.usable_for({**env, "LC_ALL": "C"})
+
+
+async def _ready_template(fs: ForkServer, old: int | None = None) -> int:
+    with trio.fail_after(30):
+        await fs.ready.wait()
+    assert fs.pid is not None
+    assert fs.pid != old
+    return fs.pid
+
+
+async def _fork_one(fs: ForkServer) -> int | None:
+    """A fork whose worker exits at once (its stdin is closed: no config)."""
+    in_r, in_w = os.pipe()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        return await fs.spawn(dict(os.environ), (in_r, null, null))
+    finally:
+        for fd in (in_r, in_w, null):
+            os.close(fd)
+
+
+async def test_a_wedged_or_abandoned_request_kills_the_template_and_another_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_forkserver, "REQUEST_TIMEOUT", 0.3)
+    fs = ForkServer(restart_delay=0.01)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fs.run)
+        first = await _ready_template(fs)
+        assert isinstance(await _fork_one(fs), int)
+        # a template that does not answer: the spawn gives up (exec instead), it is killed
+        os.kill(first, signal.SIGSTOP)
+        assert await _fork_one(fs) is None
+        assert not fs.ready.is_set()
+        second = await _ready_template(fs, first)
+        assert not _alive(first)
+        # a request abandoned halfway (its caller cancelled) would leave its answer to be
+        # read as the next request's: the template is killed instead
+        os.kill(second, signal.SIGSTOP)
+        with trio.move_on_after(0.1):
+            await _fork_one(fs)
+        assert not fs.ready.is_set()
+        third = await _ready_template(fs, second)
+        assert not _alive(second)
+        pid = await _fork_one(fs)
+        assert isinstance(pid, int)
+        assert pid not in (first, second, third)
+        nursery.cancel_scope.cancel()
+    # cancelled (the supervisor stops): the template is killed and reaped
+    assert not _alive(third)
+    assert fs.pid is None
