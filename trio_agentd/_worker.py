@@ -863,7 +863,6 @@ class WorkerCore:
             "pid": self.pid,
             "turns": self.turns,
             "busy": bool(self._running),
-            "app_version": APP_VERSION,
         }
 
     async def _prompt(self, conn: _Conn, req: Request) -> None:

@@ -635,8 +635,10 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
 
     from ._autostart import is_ours
     from ._defaults import CLIENT
+    from ._paths import check_socket_path
     from ._syncclient import SyncClient, probe
 
+    check_socket_path(layout.socket)
     got = probe(layout, patience=CLIENT.patience)
     if got is None:
         _error(f"no supervisor running on {layout.socket} — the next command starts one")

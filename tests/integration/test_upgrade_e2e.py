@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import trio_agentd
 from trio_agentd._identity import is_alive
@@ -302,3 +303,23 @@ def test_old_workers_serve_until_idle_then_are_replaced(denv: DaemonEnv, old: Ol
     assert (rows["calm"]["pid"], rows["busy"]["pid"]) == (calm["pid"], busy["pid"])
     assert (rows["calm"]["turns"], rows["busy"]["turns"]) == (2, 2)
     assert "replacing it with a worker of version" in denv.log_text()
+
+
+async def test_open_client_hands_over_through_its_helper(
+    denv: DaemonEnv, old: Old, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert ok(old.run("-p", "-s", "a", "one")) == "[echo turn 1] one\n"
+    before = supervisor(denv)
+    workers = {s: r["pid"] for s, r in sessions_of(old).items()}
+    monkeypatch.setenv("TRIO_AGENTD_TIMING", json.dumps({"upgrade_idle": 3600}))
+    with trio.fail_after(60):
+        async with trio_agentd.open_client(
+            denv.socket, home=str(denv.home), registry=str(denv.registry)
+        ) as client:
+            assert (client.hello.app_version, client.hello.protocol) == (
+                APP_VERSION, PROTOCOL_VERSION)
+            assert client.hello.pid != before["pid"]
+            assert await client.prompt("a", "two") == "[echo turn 2] two\n"
+            rows = await client.sessions()
+    assert {r["session"]: r["pid"] for r in rows} == workers
+    assert gone(before["pid"])
