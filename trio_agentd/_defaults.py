@@ -20,6 +20,9 @@ PATIENCE = 15.0
 PATIENCE_TICK = 3.0
 # doctor --fix repairs only what stays unresponsive across this many seconds of re-probing
 REPROBE_WINDOW = 3.0
+# a client of a newer version that meets an older supervisor hands over to a supervisor of its
+# own installation once no session is busy: it waits at most this long for busy sessions
+HANDOVER_WAIT = 15.0
 
 
 class ClientTiming:
@@ -34,6 +37,7 @@ class ClientTiming:
     patience = PATIENCE
     patience_tick = PATIENCE_TICK
     reprobe_window = REPROBE_WINDOW
+    handover_wait = HANDOVER_WAIT
 
 
 CLIENT = ClientTiming()

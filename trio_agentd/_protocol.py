@@ -111,6 +111,8 @@ class WorkerHello(_Msg, tag="worker_hello"):
     pid: int
     start_id: str | None
     protocol: int = PROTOCOL_VERSION
+    # the worker's own version (None from a worker older than the field)
+    app_version: str | None = None
 
 
 class Auth(_Msg, tag="auth"):

@@ -154,6 +154,7 @@ class Supervisor:
         # repeated causes (EMFILE on every accept, an unreadable owner record on every
         # self-check) are logged once per LOG_RATE_INTERVAL, with a count
         self.rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
+        self._replacing: set[str] = set()  # sessions whose outdated worker is being replaced
 
     @property
     def service_nursery(self) -> trio.Nursery:
@@ -201,6 +202,8 @@ class Supervisor:
                                            self._self_check_loop)
                         service.start_soon(self._keep_running, "idle sweep",
                                            self._idle_sweep_loop)
+                        service.start_soon(self._keep_running, "upgrade sweep",
+                                           self._upgrade_sweep_loop)
                         # adoption: every descriptor's session at once, in this one nursery
                         # (commands for a session wait until it is ready)
                         for h, alive, lifecycle in self._loaded:
@@ -511,6 +514,44 @@ class Supervisor:
                 # the worker declines it if a turn runs or waits (a direct route's prompt
                 # may have reached it since its last notice): the session then stays ready
                 h.request_stop(graceful=True, reason=StopReason.EVICT)
+
+    async def _upgrade_sweep_loop(self) -> None:
+        """Replace each adopted worker of another version (or protocol) with one of this
+        version once its session has been idle ``upgrade_idle`` (counted from the end of its
+        last turn, or from the adoption). Until then it serves as before; a worker that has a
+        turn running or queued declines, and is asked again once idle."""
+        t = self.timing
+        while True:
+            now = trio.current_time()
+            wake = t.upgrade_idle
+            for h in list(self.sessions.values()):
+                if not h.outdated or h.stopping or h.session_id in self._replacing:
+                    continue
+                idle = h.idle_for(now)
+                if idle >= t.upgrade_idle:
+                    self._replacing.add(h.session_id)
+                    self.service_nursery.start_soon(self._replace_outdated, h)
+                else:
+                    wake = min(wake, t.upgrade_idle - idle)
+            await trio.sleep(max(wake, 0.01))
+
+    async def _replace_outdated(self, h: WorkerHandle) -> None:
+        old_pid, old_version = h.pid, h.worker_version
+        try:
+            log.info("session %s: worker pid %s runs version %s (protocol %s) and the session"
+                     " is idle: replacing it with a worker of version %s", h.session_id,
+                     old_pid, old_version or "?", h.worker_protocol, APP_VERSION)
+            if not await h.replace_worker():
+                log.info("session %s: worker pid %s kept (a turn runs or another stop came);"
+                         " asked again once the session is idle", h.session_id, old_pid)
+                return
+            with trio.move_on_after(self.timing.worker_connect_timeout):
+                await h.mode.wait_value(lambda m: m not in (Mode.STOPPED, Mode.STARTING))
+            log.info("session %s: worker pid %s (version %s) replaced by pid %s (version %s,"
+                     " %s)", h.session_id, old_pid, old_version or "?", h.pid, h.worker_version,
+                     h.mode.value)
+        finally:
+            self._replacing.discard(h.session_id)
 
     async def _signals(self) -> None:
         """Every signal that would otherwise end the supervisor without a word is handled and

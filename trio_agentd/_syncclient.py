@@ -17,7 +17,7 @@ from ._depth import MAX_DEPTH, nesting_depth
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout, check_socket_path
 from ._trust import prove_peer, prove_socket_dir
-from ._version import PROTOCOL_VERSION
+from ._version import APP_VERSION, PROTOCOL_VERSION
 from ._wirestr import TAG_IN_FRAME, from_wire, to_wire
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
@@ -289,6 +289,15 @@ def probe(
     return conn, hello
 
 
+def version_mismatch(layout: Layout, hello: dict[str, Any]) -> AgentdError:
+    return AgentdError(
+        ErrorCode.VERSION_MISMATCH,
+        f"the supervisor on {layout.socket} runs trio-agentd {hello.get('app_version')}"
+        f" (protocol {hello.get('protocol')}), this client is {APP_VERSION} (protocol"
+        f" {PROTOCOL_VERSION}) — run `trio-agentd restart` to replace it with {APP_VERSION}",
+    )
+
+
 class SyncClient:
     """One connection to the supervisor, autostarting it if needed."""
 
@@ -317,14 +326,20 @@ class SyncClient:
             raise AgentdError(
                 ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor is running on {self.layout.socket}"
             )
+        hello = got[1]
+        if self.autostart and (
+            hello.get("app_version") != APP_VERSION or hello.get("protocol") != PROTOCOL_VERSION
+        ):
+            # an upgrade: a supervisor of an older installation is handed over to one of ours
+            from ._autostart import hand_over, is_older
+
+            if is_older(hello):
+                got[0].close()
+                got = hand_over(self.layout, self.timing, progress=self.progress)
         self._conn, self.hello = got
         if self.hello.get("protocol") != PROTOCOL_VERSION:
-            raise AgentdError(
-                ErrorCode.VERSION_MISMATCH,
-                f"the supervisor speaks protocol {self.hello.get('protocol')}"
-                f" (app {self.hello.get('app_version')}), this client speaks {PROTOCOL_VERSION}"
-                " — run `trio-agentd restart`",
-            )
+            self.close()
+            raise version_mismatch(self.layout, self.hello)
         try:
             self.layout.check_served_home(self.hello.get("home"))
         except AgentdError:

@@ -61,6 +61,7 @@ from ._output import (
     stored_pieces,
 )
 from ._protocol import (
+    APP_VERSION,
     MAX_IN_FLIGHT,
     Attach,
     Auth,
@@ -662,7 +663,8 @@ class WorkerCore:
         ms = MessageStream(stream)
         try:
             await ms.send(
-                WorkerHello(session=self.session_id, pid=self.pid, start_id=self.start_id)
+                WorkerHello(session=self.session_id, pid=self.pid, start_id=self.start_id,
+                            app_version=APP_VERSION)
             )
             msg = None
             with trio.move_on_after(self.timing.auth_timeout):

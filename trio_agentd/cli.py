@@ -633,12 +633,14 @@ def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:
         return EXIT_OK
     from ._text import printable
 
-    headers = ["SESSION", "AGENT", "STATE", "PID", "RESTARTS", "TURNS", "IDLE", "CAUSE"]
-    # every cell escaped: an agent spec may carry ANSI/OSC sequences or bidi overrides
+    headers = ["SESSION", "AGENT", "STATE", "PID", "VERSION", "RESTARTS", "TURNS", "IDLE",
+               "CAUSE"]
+    # every cell escaped: an agent spec may carry ANSI/OSC sequences or bidi overrides; the
+    # version is the worker's own word (its hello)
     table = [
         [printable(str(c)) for c in (
-            r["session"], r["agent"], r["state"], r["pid"] or "-", r["restarts"], r["turns"],
-            f"{r['idle_s']:.0f}s", r.get("cause") or "")]
+            r["session"], r["agent"], r["state"], r["pid"] or "-", r.get("version") or "-",
+            r["restarts"], r["turns"], f"{r['idle_s']:.0f}s", r.get("cause") or "")]
         for r in rows
     ]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
@@ -685,8 +687,22 @@ def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
 def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
     import time
 
+    from ._autostart import is_ours
+    from ._defaults import CLIENT
+    from ._paths import check_socket_path
     from ._syncclient import SyncClient, probe
 
+    check_socket_path(layout.socket)
+    got = probe(layout, patience=CLIENT.patience)
+    if got is None:
+        _error(f"no supervisor running on {layout.socket} — the next command starts one")
+        return EXIT_FAIL
+    got[0].close()
+    layout.check_served_home(got[1].get("home"))
+    if not is_ours(got[1]):
+        # another version: its own restart would start its own code again; hand the socket
+        # over to a supervisor of this installation instead, at once (turns go on)
+        return _hand_over_now(layout, got[1], as_json=args.json)
     client = _client_or_none(layout)
     if client is None:
         _error(f"no supervisor running on {layout.socket} — the next command starts one")
@@ -717,6 +733,30 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
         print(json.dumps(entry))
     else:
         print(f"restarted supervisor on {layout.socket}: pid {old['pid']} → {hello['pid']},"
+              f" {len(rows)} sessions kept")
+    return EXIT_OK
+
+
+def _hand_over_now(layout: Layout, old: dict[str, Any], *, as_json: bool) -> int:
+    """``restart`` of a supervisor of another version: replaced by one of this installation."""
+    from ._autostart import hand_over
+    from ._syncclient import SyncClient
+
+    conn, hello = hand_over(layout, force=True)
+    conn.close()
+    fresh = SyncClient(layout, autostart=False)
+    fresh.connect()
+    rows = fresh.request("sessions")
+    fresh.close()
+    entry = {"socket": layout.socket, "old_pid": old.get("pid"),
+             "old_generation": old.get("generation"), "old_version": old.get("app_version"),
+             "pid": hello["pid"], "generation": hello["generation"],
+             "version": hello.get("app_version"), "sessions": len(rows)}
+    if as_json:
+        print(json.dumps(entry))
+    else:
+        print(f"replaced supervisor on {layout.socket}: pid {old.get('pid')} (version"
+              f" {old.get('app_version')}) → {hello['pid']} (version {hello.get('app_version')}),"
               f" {len(rows)} sessions kept")
     return EXIT_OK
 
