@@ -962,21 +962,22 @@ class Supervisor:
 
     def _rearm_if_exhausted(self, h: WorkerHandle) -> None:
         """A session that failed only because its worker could not be started for want of
-        resources (descriptors, processes, memory) is started again by the next command:
-        that failure was the command's, not the session's."""
+        resources (descriptors, processes, memory, room on disk) is started again by the
+        next command: that failure was the command's, not the session's."""
         if h.mode.value is Mode.FAILED and self.ops.exhausted.get(h.session_id) is not None:
             log.info("session %s: trying to start it again (its last start ran out of"
                      " resources)", h.session_id)
             h.retry()
 
     def _exhausted_instead(self, h: WorkerHandle, exc: AgentdError) -> AgentdError:
-        """``resource_exhausted`` (naming the limit) for a session whose worker could not be
-        started for want of resources; ``exc`` otherwise."""
+        """``resource_exhausted`` (naming the limit) or ``storage_error`` (naming the file)
+        for a session whose worker could not be started for want of resources or room;
+        ``exc`` otherwise."""
         if exc.code == ErrorCode.WORKER_UNAVAILABLE:
             why = self.ops.exhausted.get(h.session_id)
             if why is not None:
                 return AgentdError(
-                    ErrorCode.RESOURCE_EXHAUSTED,
+                    why.code,  # resource_exhausted, or storage_error (no room for its files)
                     f"{why.message} (the next command tries again)",
                     why.details,
                 )
