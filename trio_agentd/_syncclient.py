@@ -403,7 +403,13 @@ class SyncClient:
                     self.connect()
                 assert self._conn is not None
                 self._conn.send(frame)
-                return _await_response(self._conn, rid, on_event)
+                watch = _Liveness(
+                    self.timing,
+                    {"type": "request", "id": f"ping-{rid}", "client_id": self.client_id,
+                     "op": "ping", "args": {}},
+                    "", self.hello.get("pid"), socket=self.layout.socket,
+                )
+                return _await_response(self._conn, rid, on_event, watch)
             except (OSError, _Lost) as exc:
                 self.close()
                 if time.monotonic() + delay > deadline:
@@ -549,17 +555,24 @@ class _Liveness:
     with nothing arriving, ping it; if nothing at all arrives within ``link_ping_timeout`` of
     the ping, it is unresponsive (stopped, or its event loop blocked) — a worker whose loop
     runs answers at once, however long its turn is silent. Time spent in ``on_event`` (the
-    caller's own pace) never counts as silence: only time waiting in ``recv``."""
+    caller's own pace) never counts as silence: only time waiting in ``recv``.
 
-    __slots__ = ("pid", "ping", "session", "timing")
+    The same watch guards a request to the supervisor (``supervisor=True``): a command it
+    works on for long is fine (it answers pings meanwhile), a supervisor stopped or blocked
+    after the hello is not waited on forever — after ``patience`` without even a ping's
+    answer the request fails, naming ``doctor --fix``."""
+
+    __slots__ = ("pid", "ping", "session", "socket", "timing")
 
     def __init__(
-        self, timing: Timing | ClientTiming, ping: dict[str, Any], session: str, pid: object
+        self, timing: Timing | ClientTiming, ping: dict[str, Any], session: str, pid: object,
+        *, socket: str | None = None,
     ) -> None:
         self.timing = timing
         self.ping = ping
         self.session = session
         self.pid = pid
+        self.socket = socket  # set: this watches the supervisor on that socket
 
     def read(self, conn: _Conn) -> dict[str, Any] | None:
         """The next message, pinging a silent worker.
@@ -571,11 +584,19 @@ class _Liveness:
             return conn.read_message(self.timing.link_ping_interval)
         except TimeoutError:
             pass
-        timeout = self.timing.link_ping_timeout
+        timeout = self.timing.link_ping_timeout if self.socket is None else self.timing.patience
         try:
             conn.send(self.ping, timeout)
             return conn.read_message(timeout)
         except TimeoutError:
+            if self.socket is not None:
+                raise AgentdError(
+                    ErrorCode.DAEMON_UNAVAILABLE,
+                    f"the supervisor (pid {self.pid}) on {self.socket} answers nothing, not even"
+                    f" a ping within {timeout:g}s (stopped, or its event loop is blocked) — run"
+                    ' "trio-agentd doctor --fix"',
+                    {"wedged": True, "pid": self.pid},
+                ) from None
             raise AgentdError(
                 ErrorCode.WORKER_UNRESPONSIVE,
                 f"session {self.session}: its worker (pid {self.pid}) answers nothing, not even"
