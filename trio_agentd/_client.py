@@ -119,15 +119,18 @@ class _Connection:
 
     @contextlib.contextmanager
     def watched(
-        self, nursery: trio.Nursery, ping: Request, timing: Timing, unresponsive: AgentdError
+        self, nursery: trio.Nursery, ping: Request, timing: Timing, unresponsive: AgentdError,
+        ping_timeout: float | None = None,
     ) -> Iterator[None]:
         """While the body runs (a request is outstanding), ping the peer after
-        ``link_ping_interval`` of silence; if nothing arrives within ``link_ping_timeout`` of a
-        ping, end the connection with ``unresponsive`` (every pending request raises it)."""
+        ``link_ping_interval`` of silence; if nothing arrives within ``ping_timeout`` (default
+        ``link_ping_timeout``) of a ping, end the connection with ``unresponsive`` (every
+        pending request raises it)."""
         self.watchers += 1
         if self.watchers == 1:
             self._watch_scope = trio.CancelScope()
-            nursery.start_soon(self._watch, self._watch_scope, ping, timing, unresponsive)
+            nursery.start_soon(self._watch, self._watch_scope, ping, timing, unresponsive,
+                               timing.link_ping_timeout if ping_timeout is None else ping_timeout)
         try:
             yield
         finally:
@@ -137,13 +140,13 @@ class _Connection:
                 self._watch_scope = None
 
     async def _watch(
-        self, scope: trio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError
+        self, scope: trio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError,
+        ping_timeout: float,
     ) -> None:
         with scope:
             try:
                 await watch(self.silence, functools.partial(self.ms.send, ping),
-                            interval=timing.link_ping_interval,
-                            ping_timeout=timing.link_ping_timeout)
+                            interval=timing.link_ping_interval, ping_timeout=ping_timeout)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # the connection ended anyway
             if not self.closed:
@@ -215,7 +218,13 @@ class Client:
             with conn.watched(self._nursery, ping, self.timing,
                               _unresponsive(conn.route, self.timing)):
                 return await self._exchange_unwatched(conn, rid, op, args, on_event)
-        return await self._exchange_unwatched(conn, rid, op, args, on_event)
+        # the supervisor: however long a command takes, it answers pings meanwhile; one
+        # stopped or blocked after its hello fails the request after the client's patience
+        ping = Request(id=next(self._ids), op="ping", client_id=self.client_id)
+        with conn.watched(self._nursery, ping, self.timing,
+                          _supervisor_unresponsive(self.layout.socket, self.timing),
+                          ping_timeout=self.timing.patience):
+            return await self._exchange_unwatched(conn, rid, op, args, on_event)
 
     async def _exchange_unwatched(
         self,
@@ -505,6 +514,16 @@ class Client:
 
     async def status(self) -> dict[str, Any]:
         return dict(await self.request("status"))
+
+
+def _supervisor_unresponsive(socket: str, timing: Timing) -> AgentdError:
+    return AgentdError(
+        ErrorCode.DAEMON_UNAVAILABLE,
+        f"the supervisor on {socket} answers nothing, not even a ping within"
+        f" {timing.patience:g}s (stopped, or its event loop is blocked) — run"
+        ' "trio-agentd doctor --fix"',
+        {"wedged": True},
+    )
 
 
 def _unresponsive(route: dict[str, Any], timing: Timing) -> AgentdError:
