@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from trio_util import AsyncValue
@@ -106,12 +106,36 @@ SUPERVISOR_SIGNALS = (*sorted(SUPERVISOR_STOP_SIGNALS), signal.SIGUSR1, signal.S
                       signal.SIGALRM)
 
 
+class ClientListener(Protocol):
+    """Where client connections come from when it is not the supervisor's Unix socket: an
+    in-memory listener (``trio_agentd.testing.MemoryListener``) runs the whole supervisor on
+    MockClock. ``close`` ends a pending ``accept`` with ``trio.ClosedResourceError``."""
+
+    async def accept(self) -> trio.abc.Stream: ...
+
+    def close(self) -> None: ...
+
+
 def _self_heal_from_env() -> bool:
     return os.environ.get("TRIO_AGENTD_SELF_HEAL", "1").strip().lower() not in ("0", "false", "no")
 
 
 class Supervisor:
-    def __init__(self, config: SupervisorConfig) -> None:
+    """Args:
+        worker_ops: builds the supervisor's :class:`ProcessWorkerOps` (default: real worker
+            processes); ``trio_agentd.testing.FakeSupervisorOps`` runs fake ones.
+        listener: where clients connect instead of the Unix socket (then no socket is bound,
+            watched or rebound); ``trio_agentd.testing.MemoryListener`` hands out in-memory
+            streams.
+    """
+
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        *,
+        worker_ops: Callable[[Supervisor], ProcessWorkerOps] | None = None,
+        listener: ClientListener | None = None,
+    ) -> None:
         self.config = config
         self.layout = config.layout()
         self.timing = config.timing
@@ -131,7 +155,9 @@ class Supervisor:
         )
         self.start_id = own_start_id()
         self.started_at = time.monotonic()
-        self.ops = ProcessWorkerOps(self.layout, self.ownership, self.timing)
+        self.ops = (ProcessWorkerOps(self.layout, self.ownership, self.timing)
+                    if worker_ops is None else worker_ops(self))
+        self._client_listener = listener
         self.sessions: dict[str, WorkerHandle] = {}
         # sessions killed in this supervisor's life and not made anew since: a resent command
         # of theirs is answered session_killed, not run in a new session
@@ -186,7 +212,8 @@ class Supervisor:
                 # listen: a client never meets a listener that sends no hello (it would
                 # take a starting supervisor for a wedged one)
                 self._load_descriptors()
-                self._bind()
+                if self._client_listener is None:
+                    self._bind()
                 async with trio.open_nursery() as service:
                     self._service = service
                     self.ops.nursery = service
@@ -195,8 +222,12 @@ class Supervisor:
                         self._clients = clients
                         # service tasks never end the daemon: an unexpected error is
                         # logged and the task starts again (_keep_running)
-                        service.start_soon(self._keep_running, "accept", self._accept_loop,
-                                           self._listen_sock)
+                        if self._client_listener is None:
+                            service.start_soon(self._keep_running, "accept", self._accept_loop,
+                                               self._listen_sock)
+                        else:
+                            service.start_soon(self._keep_running, "accept",
+                                               self._accept_from, self._client_listener)
                         service.start_soon(self._keep_running, "signals", self._signals)
                         service.start_soon(self._keep_running, "self-check",
                                            self._self_check_loop)
@@ -337,6 +368,8 @@ class Supervisor:
         self._bound_ino = os.stat(path).st_ino
 
     def _close_listener(self, *, unlink: bool) -> None:
+        if self._client_listener is not None:
+            self._client_listener.close()
         sock = self._listen_sock
         self._listen_sock = None
         if sock is None:
@@ -409,6 +442,17 @@ class Supervisor:
             trio.SocketListener(sock), start, rl=self.rl, what="supervisor",
             shed_line=lambda e: encode(fail(None, exhaustion_error(OSError(e, os.strerror(e))))),
         )
+
+    async def _accept_from(self, listener: ClientListener) -> None:
+        """Accept clients from an injected listener until it is closed."""
+        assert self._clients is not None
+        while True:
+            try:
+                stream = await listener.accept()
+            except trio.ClosedResourceError:
+                return
+            self.clients_open += 1
+            self._clients.start_soon(self._serve_client, stream)
 
     # periodic -----------------------------------------------------------------------------
     async def _self_check_loop(self) -> None:
@@ -713,7 +757,7 @@ class Supervisor:
             home=str(self.layout.home),
         )
 
-    async def _serve_client(self, stream: trio.SocketStream) -> None:
+    async def _serve_client(self, stream: trio.abc.Stream) -> None:
         """Serve one client connection. Nothing a client sends or does can escape from here."""
         ms = MessageStream(stream)
         try:
@@ -1140,7 +1184,7 @@ def _guess_id(line: bytes) -> RequestId | None:
     return request_id_of(line)
 
 
-def _peer_uid(stream: trio.SocketStream) -> int | None:
+def _peer_uid(stream: trio.abc.Stream) -> int | None:
     creds = peer_credentials(stream)
     return None if creds is None else creds[1]
 

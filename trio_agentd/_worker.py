@@ -29,10 +29,10 @@ import signal
 import socket as _socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from trio_util import AsyncValue
@@ -1307,6 +1307,37 @@ async def _closing(chunks: AsyncIterator[Chunk]) -> AsyncIterator[None]:
                 await aclose()
 
 
+class RegistryWatcher(Protocol):
+    """What the re-fence needs of a registry watcher: ``_inotify.Watcher``, or a fake one
+    (``trio_agentd.testing.FakeWatcher``)."""
+
+    def watch(self, path: Path) -> bool: ...
+
+    async def wait(self) -> None: ...
+
+
+def watched_refence(
+    watcher: RegistryWatcher, registry: Path, timing: Timing,
+    conns: Callable[[], Iterable[_Conn]],
+) -> tuple[Callable[[str], None], Callable[[], Awaitable[None]]]:
+    """``(watch_claims, wait_change)`` for a :class:`WorkerCore` that re-fences when the
+    registry changes: an authenticated supervisor's record dir is watched, and the re-fence
+    loop waits for a change, or ``refence_fallback`` at most (a change not reported)."""
+
+    def watch_claims(generation: str) -> None:
+        watcher.watch(registry)
+        watcher.watch(registry / f"{generation}.owner")
+
+    async def wait_change() -> None:
+        with trio.move_on_after(timing.refence_fallback):
+            await watcher.wait()
+        # a record dir that was removed and made again needs its watch again
+        for conn in conns():
+            watcher.watch(registry / f"{conn.fence.claim.generation}.owner")
+
+    return watch_claims, wait_change
+
+
 def _registry_watcher(registry: Path, *, poll: bool) -> Any:
     """An inotify watcher on the registry, or None where there is none (then: polling)."""
     if poll:
@@ -1389,19 +1420,10 @@ async def run_worker(
     registry = Path(config.registry)
     agent = load_agent(config.agent, config.agent_path)
     watcher = _registry_watcher(registry, poll=poll_refence)
-
-    def watch_claims(generation: str) -> None:
-        if watcher is not None:
-            watcher.watch(registry)
-            watcher.watch(registry / f"{generation}.owner")
-
-    async def wait_change() -> None:
-        assert watcher is not None
-        with trio.move_on_after(timing.refence_fallback):
-            await watcher.wait()
-        # a record dir that was removed and made again needs its watch again
-        for conn in core.conns:
-            watcher.watch(registry / f"{conn.fence.claim.generation}.owner")
+    watch_claims, wait_change = (
+        watched_refence(watcher, registry, timing, lambda: core.conns)
+        if watcher is not None else (None, None)
+    )
     journal = Journal(Path(config.journal))
     transcript = Transcript(Path(config.session_dir))
     core = WorkerCore(
@@ -1415,8 +1437,8 @@ async def run_worker(
         cwd=Path(config.cwd),
         timing=timing,
         peer_pid=_so_peercred_pid,
-        watch_claims=watch_claims if watcher is not None else None,
-        wait_change=wait_change if watcher is not None else None,
+        watch_claims=watch_claims,
+        wait_change=wait_change,
     )
     path = config.worker_socket
     prove_socket_dir(os.path.dirname(path))  # never bind where another user can listen
