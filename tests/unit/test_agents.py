@@ -78,13 +78,12 @@ async def reply(agent: Agent, prompt: str, ctx: TurnContext) -> str:
 
 
 def script_agent(kind: str, script: str, **kwargs: float) -> tuple[Agent, str]:
-    """The same script as a ``shell`` prompt, or as ``exec:sh -c SCRIPT`` (prompt unused)."""
-    if kind == "shell":
-        return ShellAgent(**kwargs), script
+    """The script as ``exec:sh -c SCRIPT`` (prompt unused), one process per turn."""
+    assert kind == "exec"
     return ExecAgent(["/bin/sh", "-c", script], **kwargs), ""
 
 
-KINDS = ["shell", "exec"]
+KINDS = ["exec"]  # the shell agent keeps one shell per session: tests/unit/test_shell_agent.py
 
 
 @contextlib.contextmanager
@@ -160,11 +159,10 @@ async def test_output_streams_before_the_process_ends(tmp_path: Path, kind: str)
 async def test_bytes_pass_as_they_come_even_half_a_character(tmp_path: Path) -> None:
     # é is \303\251 in UTF-8; the script stops between the two bytes: output is bytes, and
     # the first half is passed on at once (the client decodes, not the agent)
-    agent = ShellAgent()
+    agent, prompt = script_agent("exec", r"printf 'x\303'; read go < gate; printf '\251\n'")
     chunks: list[str | bytes] = []
-    script = r"printf 'x\303'; read go < gate; printf '\251\n'"
     with gate(tmp_path / "gate") as gate_fd, trio.fail_after(DEADLINE):
-        async with turn_bytes(agent, script, make_ctx(tmp_path)) as output:
+        async with turn_bytes(agent, prompt, make_ctx(tmp_path)) as output:
             async for chunk in output:
                 chunks.append(chunk)
                 if len(chunks) == 1:
@@ -175,32 +173,14 @@ async def test_bytes_pass_as_they_come_even_half_a_character(tmp_path: Path) -> 
 
 async def test_binary_output_is_passed_on_exactly(tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE):
-        async with turn_bytes(ShellAgent(), r"printf 'a\377\000b\200\n'",
-                              make_ctx(tmp_path)) as output:
+        agent, prompt = script_agent("exec", r"printf 'a\377\000b\200\n'")
+        async with turn_bytes(agent, prompt, make_ctx(tmp_path)) as output:
             data = b"".join([c async for c in output if isinstance(c, bytes)])
     assert data == b"a\377\000b\200\n"
 
 
 # --- exit status, stderr, cwd, environment ---------------------------------------------------
 
-
-@pytest.mark.parametrize(
-    ("script", "expected"),
-    [
-        ("echo ok", "ok\n"),
-        ("echo out; exit 3", "out\n[exit status 3]\n"),
-        ("printf out; exit 2", "out\n[exit status 2]\n"),
-        ("exit 7", "[exit status 7]\n"),
-        ("kill -KILL $$", "[killed by SIGKILL]\n"),
-    ],
-)
-async def test_shell_reports_a_failed_exit_as_a_final_chunk(
-    tmp_path: Path, script: str, expected: str
-) -> None:
-    chunks = await reply_chunks(ShellAgent(), script, make_ctx(tmp_path))
-    assert "".join(chunks) == expected
-    if "[" in expected:
-        assert chunks[-1].lstrip("\n") == expected[expected.index("[") :]
 
 
 @pytest.mark.parametrize(
@@ -217,10 +197,6 @@ async def test_exec_reports_a_failed_exit_as_a_final_chunk(
     assert await reply(load_agent(spec), "", make_ctx(tmp_path)) == expected
 
 
-async def test_shell_reply_has_stderr_interleaved(tmp_path: Path) -> None:
-    got = await reply(ShellAgent(), "echo out; echo err >&2; echo more", make_ctx(tmp_path))
-    assert got == "out\nerr\nmore\n"
-
 
 async def test_exec_stderr_goes_to_the_workers_stderr(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
@@ -230,26 +206,6 @@ async def test_exec_stderr_goes_to_the_workers_stderr(
     assert "oops-on-stderr" in capfd.readouterr().err
 
 
-@contextlib.contextmanager
-def stdin_replaced_by_a_pipe() -> Iterator[None]:
-    """Our fd 0 is a pipe that never ends while this lasts, so an inherited stdin would show."""
-    saved = os.dup(0)
-    read_end, write_end = os.pipe()
-    try:
-        os.dup2(read_end, 0)
-        yield
-    finally:
-        os.dup2(saved, 0)
-        for fd in (saved, read_end, write_end):
-            os.close(fd)
-
-
-async def test_shell_stdin_is_dev_null(tmp_path: Path) -> None:
-    with stdin_replaced_by_a_pipe():
-        got = await reply(
-            ShellAgent(), "readlink /proc/self/fd/0; cat; echo done", make_ctx(tmp_path)
-        )
-    assert got == "/dev/null\ndone\n"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -414,14 +370,15 @@ async def test_a_turn_dropped_while_its_consumer_is_cancelled_still_kills_its_gr
 ) -> None:
     # the worker's shape: cancelled while it handles a chunk (the generator is parked at its
     # yield), and it does not close the generator; trio's finalizer has to
-    agent = ShellAgent()
+    agent, prompt = script_agent("exec", GROUP_SCRIPT)
     with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
         fds: list[int] = []
         seen = ""
-        gen = agent.turn(GROUP_SCRIPT, make_ctx(tmp_path))
+        gen = agent.turn(prompt, make_ctx(tmp_path))
         with trio.CancelScope() as scope:
             async for chunk in gen:
-                seen += chunk.decode() if isinstance(chunk, bytes) else chunk
+                if isinstance(chunk, bytes):  # no other kind here: sh's stdout only
+                    seen += chunk.decode()
                 if "ready" in seen:
                     pids = read_group(tmp_path)
                     fds = stack.enter_context(watched(pids))
@@ -436,8 +393,9 @@ async def test_a_turn_dropped_while_its_consumer_is_cancelled_still_kills_its_gr
 
 
 async def test_closing_a_turn_early_kills_its_group(tmp_path: Path) -> None:
+    agent, prompt = script_agent("exec", GROUP_SCRIPT)
     with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
-        async with turn(ShellAgent(), GROUP_SCRIPT, make_ctx(tmp_path)) as output:
+        async with turn(agent, prompt, make_ctx(tmp_path)) as output:
             seen = ""
             while "ready" not in seen:
                 seen += await anext(output)
@@ -449,12 +407,11 @@ async def test_closing_a_turn_early_kills_its_group(tmp_path: Path) -> None:
 
 
 async def test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace(tmp_path: Path) -> None:
-    agent = ShellAgent(kill_grace=0.2)
-    script = "trap '' TERM; " + GROUP_SCRIPT
+    agent, prompt = script_agent("exec", "trap '' TERM; " + GROUP_SCRIPT, kill_grace=0.2)
     with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
         fds: list[int] = []
         seen = ""
-        async with turn(agent, script, make_ctx(tmp_path)) as output:
+        async with turn(agent, prompt, make_ctx(tmp_path)) as output:
             with trio.CancelScope() as scope:
                 async for chunk in output:
                     seen += chunk
@@ -469,7 +426,8 @@ async def test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace(tmp_pat
 
 async def test_background_processes_do_not_outlive_a_finished_turn(tmp_path: Path) -> None:
     # output redirected, so the turn ends when the shell exits; the sleep must not stay
-    script = "sleep 30 >/dev/null 2>&1 & echo $!; read go < gate; echo bye"
+    agent, prompt = script_agent(
+        "exec", "sleep 30 >/dev/null 2>&1 & echo $!; read go < gate; echo bye")
     chunks: list[str] = []
     with (
         contextlib.ExitStack() as stack,
@@ -477,7 +435,7 @@ async def test_background_processes_do_not_outlive_a_finished_turn(tmp_path: Pat
         trio.fail_after(DEADLINE),
     ):
         fds: list[int] = []
-        async with turn(ShellAgent(), script, make_ctx(tmp_path)) as output:
+        async with turn(agent, prompt, make_ctx(tmp_path)) as output:
             async for chunk in output:
                 chunks.append(chunk)
                 if len(chunks) == 1:
