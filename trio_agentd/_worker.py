@@ -67,8 +67,8 @@ from ._protocol import (
 from ._session import Transcript
 from ._storage import REMEDY, errno_name, retried, storage_error, write_all
 from ._stream import MessageStream
-from .agents import Agent, TurnContext, load_agent
-from .agents._exec import stop_orphan_group
+from .agents import Agent, Chunk, ExitStatus, Stderr, TurnContext, load_agent
+from .agents._exec import exit_chunk, stop_orphan_group
 from .timing import DEFAULT_TIMING, Timing
 
 log = logging.getLogger("trio_agentd.worker")
@@ -1137,8 +1137,12 @@ class WorkerCore:
             with running.cancel_scope:
                 turn_chunks = self.agent.turn(text, ctx)
                 async with _closing(turn_chunks):
+                    at_line_start = True
                     async for chunk in turn_chunks:
-                        await self._relay(running, chunk)
+                        piece = _as_reply(chunk, at_line_start)
+                        if piece:
+                            at_line_start = piece[-1:] in (b"\n", "\n")
+                            await self._relay(running, piece)
             if running.cancel_scope.cancelled_caught and running.killed:
                 output.close()
                 log.info("turn %s ended: the session was killed", turn)
@@ -1221,8 +1225,18 @@ def _kept_output(record: dict[str, Any]) -> dict[str, Any]:
     return {f: record[f] for f in ("reply", "output", "bytes") if f in record}
 
 
+def _as_reply(chunk: Chunk, at_line_start: bool) -> str | bytes | None:
+    """A turn's chunk as reply text, until the worker keeps stderr and the exit status apart:
+    stderr interleaved with stdout, a failed exit as a last ``[exit status N]`` line."""
+    if isinstance(chunk, Stderr):
+        return chunk.data
+    if isinstance(chunk, ExitStatus):
+        return exit_chunk(chunk.code, at_line_start=at_line_start)
+    return chunk
+
+
 @contextlib.asynccontextmanager
-async def _closing(chunks: AsyncIterator[str | bytes]) -> AsyncIterator[None]:
+async def _closing(chunks: AsyncIterator[Chunk]) -> AsyncIterator[None]:
     """Close an agent's chunk generator now, not at garbage collection (its processes die)."""
     try:
         yield
