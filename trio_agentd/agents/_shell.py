@@ -701,7 +701,9 @@ class ShellAgent:
             if left:
                 shell.signal(signal.SIGTERM, left, shell=False)
                 await _wait_gone(left, _TERM_GRACE)
-                shell.signal(signal.SIGKILL, shell.members(started_at, ctx.turn), shell=False)
+                left = shell.members(started_at, ctx.turn)
+                shell.signal(signal.SIGKILL, left, shell=False)
+                await _wait_gone(left, _ANSWER_BOUND)  # the answer comes once they are gone
             for _ in shell.pending_output():
                 pass  # a cancelled turn's last output goes nowhere either
         except _ProtocolError as exc:
