@@ -51,7 +51,8 @@ def test_logs_prints_turns_and_events(denv: DaemonEnv) -> None:
     assert cp.returncode == 0, cp.stderr
     lines = cp.stdout.splitlines()
     assert lines[0].startswith("==> worker started, pid ")
-    assert lines[1].startswith("==> turn 1 · ") and lines[1].endswith(" · prompt:")
+    assert lines[1].startswith("==> turn 1 · ")
+    assert lines[1].endswith(" · prompt:")
     assert lines[2:5] == ["hello", "==> output (20 bytes):", "[echo turn 1] hello"]
     assert lines[6:9] == ["second one", "==> output (25 bytes):", "[echo turn 2] second one"]
     assert len(lines) == 9
@@ -65,11 +66,13 @@ def test_logs_prints_turns_and_events(denv: DaemonEnv) -> None:
 def test_logs_of_an_unknown_or_invalid_session(denv: DaemonEnv) -> None:
     cp = denv.run("logs", "nosuch")
     assert cp.returncode == 1
-    assert cp.stderr.count("\n") == 1 and "no session 'nosuch'" in cp.stderr
+    assert cp.stderr.count("\n") == 1
+    assert "no session 'nosuch'" in cp.stderr
     bad = denv.run("logs", "-bad/")
     assert bad.returncode == 2
     bad = denv.run("logs", "a/b")
-    assert bad.returncode == 2 and "invalid session id 'a/b'" in bad.stderr
+    assert bad.returncode == 2
+    assert "invalid session id 'a/b'" in bad.stderr
     assert not os.path.exists(denv.socket)  # nothing needed a daemon
 
 
@@ -147,7 +150,8 @@ def test_rm_refuses_a_running_turn_then_force_removes_and_the_id_is_new(
     assert denv.prompt("again", session="b") == "[echo turn 1] again"
     assert denv.run("logs", "b").stdout.count("==> turn ") == 1
     gone = denv.run("rm", "nosuch")
-    assert gone.returncode == 1 and "no session 'nosuch'" in gone.stderr
+    assert gone.returncode == 1
+    assert "no session 'nosuch'" in gone.stderr
 
 
 def test_rm_of_an_idle_and_of_a_stopped_session(denv: DaemonEnv) -> None:
@@ -187,22 +191,55 @@ def test_logs_and_transcripts_rotate_with_small_limits(denv: DaemonEnv) -> None:
     def lines() -> int:
         return sum(p.read_text().count("signal SIGUSR1") for p in session_dir.glob("worker.log*"))
 
-    for n in range(1, 13):  # one at a time: pending signals of one kind merge
+    for sent in range(1, 13):  # one at a time: pending signals of one kind merge
         os.kill(pid, signal.SIGUSR1)
-        wait_for(lambda n=n: lines() >= min(n, 6), timeout=20, what="the log line")
+        want = min(sent, 6)  # the oldest lines go with the oldest file
+        wait_for(lambda: lines() >= want, timeout=20, what="the log line")  # noqa: B023
     assert (session_dir / "worker.log.2").exists()
     assert not (session_dir / "worker.log.3").exists()
-    for n in ("worker.log", "worker.log.1", "worker.log.2"):
-        assert (session_dir / n).stat().st_size <= 700
+    for name in ("worker.log", "worker.log.1", "worker.log.2"):
+        assert (session_dir / name).stat().st_size <= 700
 
     # daemon.log: each session the supervisor kills is a line
     for i in range(10):
         denv.prompt("x", session=f"d{i}")
         assert denv.run("kill", f"d{i}").returncode == 0
     state = denv.state_dir()
-    assert (state / "daemon.log.1").exists() and not (state / "daemon.log.3").exists()
+    assert (state / "daemon.log.1").exists()
+    assert not (state / "daemon.log.3").exists()
     for p in state.glob("daemon.log*"):
         assert p.stat().st_size <= 700
     tail = denv.run("logs", "--daemon", "-n", "1")
-    assert tail.returncode == 0 and tail.stdout.count("\n") == 1
+    assert tail.returncode == 0
+    assert tail.stdout.count("\n") == 1
     assert "session d9 killed" in tail.stdout
+
+
+def test_a_stopped_follower_never_slows_a_turn_and_catches_up(denv: DaemonEnv) -> None:
+    script, gate = denv.root / "big.sh", denv.root / "gate"
+    script.write_text(f"#!/bin/sh\nread n\necho first\nwhile [ ! -e {gate} ]; do sleep 0.02;"
+                      " done\nhead -c \"$n\" /dev/zero | tr '\\0' x\n")
+    script.chmod(0o700)
+    gate.touch()
+    assert denv.run("-p", "-s", "big", "--agent", f"exec:{script}", "1").stdout == "first\nx"
+    gate.unlink()
+    follower = denv.popen("logs", "big", "-f")
+    out = Reader(follower)
+    size = 9_000_000  # over the 4 MiB a follower may be behind, and every socket buffer
+    prompter = denv.popen("-p", "-s", "big", str(size))
+    wait_for(lambda: out.text.count("first\n") == 2, timeout=20, what="the turn streaming")
+    os.kill(follower.pid, signal.SIGSTOP)  # it reads nothing from here on
+    gate.touch()
+    assert prompter.stdout is not None
+    assert len(prompter.stdout.read()) == len("first\n") + size
+    assert prompter.wait(timeout=20) == 0  # the turn ended without waiting for it
+    os.kill(follower.pid, signal.SIGCONT)
+    wait_for(lambda: out.text.count("x") == 1 + size, timeout=30, what="the follower")
+    follower.send_signal(signal.SIGINT)
+    assert follower.wait(timeout=10) == 130
+    assert out.text.count("x") == 1 + size  # every byte once
+    assert out.text.count("first") == 2
+    err = follower.stderr.read() if follower.stderr else ""
+    assert err == (
+        "trio-agentd: fell more than 4194304 bytes behind the output of session big; the turn"
+        " went on without us — `trio-agentd logs big` shows it; catching up\n")
