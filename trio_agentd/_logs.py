@@ -440,6 +440,7 @@ def follow_session(layout: Layout, session: str, follower: Follower,
     n = 0
     while True:
         n += 1
+        _wait_until_running(layout, session, follower, client=client, sleep=sleep)
         try:
             route = client._request_supervisor(
                 f"route-f{n}", "route", {"session": session, "existing": True}, None, None)
@@ -476,6 +477,29 @@ def follow_session(layout: Layout, session: str, follower: Follower,
             if conn is not None:
                 conn.close()
         follower.catch_up()  # whatever was written meanwhile (a worker stopped, a turn)
+        sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _wait_until_running(layout: Layout, session: str, follower: Follower, *, client: Any,
+                       sleep: Callable[[float], None]) -> None:
+    """Return once the session has a worker (or is getting one): a follower never starts a
+    stopped, evicted, failed or killed session's worker (that is a prompt's to do), so an
+    idle session is still evicted while followed. Meanwhile the transcript is followed.
+
+    Raises:
+        AgentdError: ``unknown_session`` once the session's data is gone (``rm``).
+    """
+    delay = 0.05
+    while True:
+        rows = client._request_supervisor("sessions-f", "sessions", {}, None, None)
+        row = next((r for r in rows if isinstance(r, dict) and r.get("session") == session),
+                   None)
+        if row is not None and row.get("state") not in ("stopped", "evicted", "failed"):
+            return
+        follower.catch_up()
+        if not layout.session_dir(session).is_dir():
+            raise AgentdError(ErrorCode.UNKNOWN_SESSION, f"session {session} was removed")
         sleep(delay)
         delay = min(delay * 2, 1.0)
 

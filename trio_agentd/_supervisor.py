@@ -899,11 +899,17 @@ class Supervisor:
             h.request_stop(graceful=True, reason=StopReason.EVICT)
             with trio.move_on_after(bound):
                 await h.wait_stop_handled()
-            if h.mode.value not in (Mode.STOPPED, Mode.FAILED):
+            if h.mode.value is Mode.READY:  # the worker declined: a turn runs or waits
                 raise AgentdError(
                     ErrorCode.SESSION_BUSY,
                     f"session {sid} is running a turn — wait for it, `trio-agentd cancel"
                     f" {sid}`, or `trio-agentd rm --force {sid}`", {"session": sid})
+            if h.mode.value not in (Mode.STOPPED, Mode.FAILED):
+                raise AgentdError(
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"session {sid} did not stop within {bound:g}s (it is"
+                    f" {h.mode.value}); nothing was deleted — try again, or `trio-agentd rm"
+                    f" --force {sid}`", {"session": sid})
         h.request_stop(graceful=True, reason=StopReason.KILL)  # ends a running turn at once
         with trio.move_on_after(bound):
             await h.wait_stop_handled()

@@ -478,6 +478,8 @@ class Followers:
             self.current = {"kind": "turn_started", "turn": turn, "command": command,
                             "prompt": prompt()}
             self._push(self.current)
+        if not self.all:
+            return
         self._push({"kind": "chunk", "turn": turn, "command": command, "at": at,
                     "data": data}, len(data))
 

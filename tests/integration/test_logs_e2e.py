@@ -243,3 +243,26 @@ def test_a_stopped_follower_never_slows_a_turn_and_catches_up(denv: DaemonEnv) -
     assert err == (
         "trio-agentd: fell more than 4194304 bytes behind the output of session big; the turn"
         " went on without us — `trio-agentd logs big` shows it; catching up\n")
+
+
+def test_a_prompt_racing_rm_is_killed_or_served_by_a_brand_new_session(
+    denv: DaemonEnv,
+) -> None:
+    gate = denv.root / "gate"
+    busy = denv.popen("-p", "-s", "race", "--agent", gated_agent(gate), "old")
+    session_dir = denv.home / "sessions" / "race"
+    wait_for(lambda: (session_dir / "transcript.jsonl").exists(), timeout=20, what="a worker")
+    remover = denv.popen("rm", "--force", "race")
+    racer = denv.popen("-p", "-s", "race", "new")
+    assert remover.wait(timeout=30) == 0
+    assert busy.wait(timeout=30) == 1
+    out, err = racer.communicate(timeout=30)
+    if racer.returncode == 0:  # it came after the rm: a new session, turn 1, the echo agent
+        assert out == "[echo turn 1] new\n"
+        history = denv.run("logs", "race", "--json").stdout.splitlines()
+        turns = [json.loads(line) for line in history if '"kind": "turn"' in line]
+        assert [t["prompt"] for t in turns] == ["new"]
+    else:  # it reached the old worker first: cut with the session
+        assert racer.returncode == 1
+        assert "session race was killed" in err
+        assert not session_dir.exists()
