@@ -41,3 +41,13 @@ class ClientTiming:
 
 
 CLIENT = ClientTiming()
+
+# size-bounded logs, as supervisord's 50 MB x 10: daemon.log, each worker.log and each
+# transcript.jsonl move to NAME.1 (NAME.1 to NAME.2, ...) once past LOG_MAX_BYTES; the oldest
+# beyond LOG_BACKUPS is deleted. Environment: TRIO_AGENTD_LOG_MAX_BYTES, TRIO_AGENTD_LOG_BACKUPS
+# (whole numbers; LOG_MAX_BYTES 0 turns rotation off).
+LOG_MAX_BYTES = 50 * 1024 * 1024
+LOG_BACKUPS = 10
+# a `logs -f` follower may be this many bytes of live output behind before the worker drops it
+# (the turn never waits for a follower)
+FOLLOW_MAX_BYTES = 4 * 1024 * 1024

@@ -51,6 +51,10 @@ class ErrorCode(StrEnum):
     # worker to supervisor (a ``dropped`` frame), not on the public wire: the worker stopped
     # cleanly on its own (an operator's TERM/INT/HUP/QUIT): a stop, not a crash to respawn
     WORKER_STOPPED = "worker_stopped"
+    # `trio-agentd rm` of a session that runs a turn (without --force)
+    SESSION_BUSY = "session_busy"
+    # a `logs -f` follower that fell too far behind a turn's output was let go
+    FOLLOWER_BEHIND = "follower_behind"
 
 
 @contextlib.contextmanager

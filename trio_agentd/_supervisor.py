@@ -165,6 +165,9 @@ class Supervisor:
         self._sessions_stamp: int | None = None  # mtime of sessions/ at the last heal check
         self._loaded: list[tuple[WorkerHandle, bool, Mode]] = []
         self._create_lock = trio.Lock()
+        # sessions being removed (`trio-agentd rm`): a command for one waits until it is gone,
+        # then makes it anew
+        self._removing: dict[str, trio.Event] = {}
         self.shutdown_requested = trio.Event()
         self.stop_workers = config.stop_workers_on_exit
         self.restart_requested = False
@@ -671,6 +674,8 @@ class Supervisor:
         ``cwd_given``: the user chose ``cwd`` (``--cwd``); an existing session with another
         working directory is then refused, naming it (a new one starts there)."""
         check_session_id(session_id)
+        while (removing := self._removing.get(session_id)) is not None:
+            await removing.wait()  # a command during `rm` comes after it: a new session
         known = self.sessions.get(session_id)
         if known is not None and (agent is None or agent == known.agent):
             if cwd_given and cwd is not None:
@@ -925,6 +930,9 @@ class Supervisor:
                 stopped = victim.retired.is_set()
                 return {"session": sid, "killed": stopped,
                         "state": "killed" if stopped else str(victim.mode.value)}
+            case "remove_session":
+                return await self._remove_session(_str_arg(args, "session"),
+                                                  force=args.get("force") is True)
             case "retry_session":
                 again = self._known(_str_arg(args, "session"))
                 again.retry()
@@ -941,8 +949,79 @@ class Supervisor:
                 raise AgentdError(
                     ErrorCode.UNKNOWN_OP,
                     f"unknown op {req.op!r} — known: ping, status, create_session, prompt,"
-                    " route, cancel, sessions, kill_session, retry_session, restart, shutdown",
+                    " route, cancel, sessions, kill_session, remove_session, retry_session,"
+                    " restart, shutdown",
                 )
+
+    async def _remove_session(self, sid: str, *, force: bool) -> dict[str, Any]:
+        """``trio-agentd rm``: stop the session (refused while a turn runs, unless ``force``,
+        which kills the turn), forget it, and delete its data: the session dir (metadata,
+        transcript, logs, outputs), its journal, descriptor and token. A command for the
+        session that arrives meanwhile waits, then finds no session and makes a new one.
+        """
+        check_session_id(sid)
+        if sid in self._removing:
+            raise AgentdError(ErrorCode.SESSION_BUSY, f"session {sid} is being removed already")
+        L = self.layout
+        done = self._removing[sid] = trio.Event()
+        try:
+            h = self.sessions.get(sid)
+            session_dir = L.session_dir(sid)
+            if h is None and not session_dir.is_dir() and not L.journal_path(sid).exists():
+                raise AgentdError(ErrorCode.UNKNOWN_SESSION,
+                                  f"no session {sid!r} — `trio-agentd sessions` lists them")
+            if h is None:
+                self._claim_session(sid, read_meta(session_dir))  # not one another runs
+            else:
+                await self._stop_for_removal(h, force=force)
+            log.info("session %s removed%s", sid, " (--force)" if force else "")
+            self.killed.add(sid)  # a resent command of it is not run in a new session
+            self.ops.forget(sid)
+            with contextlib.suppress(FileNotFoundError):
+                L.journal_path(sid).unlink()
+            if session_dir.is_dir() and not session_dir.is_symlink():
+                import shutil
+
+                shutil.rmtree(session_dir)
+            return {"session": sid, "removed": True}
+        finally:
+            del self._removing[sid]
+            done.set()
+
+    async def _stop_for_removal(self, h: WorkerHandle, *, force: bool) -> None:
+        """Stop ``h``'s worker for good and forget the session. Without ``force`` the worker
+        itself declines while a turn runs or waits (as an eviction: no turn is ever cut)."""
+        sid = h.session_id
+        bound = 2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 1
+        if not force and h.mode.value not in (Mode.STOPPED, Mode.FAILED):
+            h.request_stop(graceful=True, reason=StopReason.EVICT)
+            with trio.move_on_after(bound):
+                await h.wait_stop_handled()
+            if h.mode.value is Mode.READY:  # the worker declined: a turn runs or waits
+                raise AgentdError(
+                    ErrorCode.SESSION_BUSY,
+                    f"session {sid} is running a turn — wait for it, `trio-agentd cancel"
+                    f" {sid}`, or `trio-agentd rm --force {sid}`", {"session": sid})
+            if h.mode.value not in (Mode.STOPPED, Mode.FAILED):
+                raise AgentdError(
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"session {sid} did not stop within {bound:g}s (it is"
+                    f" {h.mode.value}); nothing was deleted — try again, or `trio-agentd rm"
+                    f" --force {sid}`", {"session": sid})
+        h.request_stop(graceful=True, reason=StopReason.KILL)  # ends a running turn at once
+        with trio.move_on_after(bound):
+            await h.wait_stop_handled()
+        if h.mode.value is not Mode.STOPPED and h.pid is not None and is_alive(
+            h.pid, h.start_id
+        ):
+            raise AgentdError(
+                ErrorCode.WORKER_UNAVAILABLE,
+                f"session {sid}: its worker pid {h.pid} did not stop; nothing was deleted —"
+                " see `trio-agentd ps` and `trio-agentd doctor`", {"session": sid})
+        if self.sessions.get(sid) is h:
+            del self.sessions[sid]
+        h.cancel_scope.cancel()
+        h.retire()
 
     async def _route(self, args: dict[str, Any]) -> dict[str, Any]:
         """The data plane's entry: make the session ready (creating or recovering it) and grant
@@ -959,8 +1038,9 @@ class Supervisor:
                 raise _killed_while_sent(session)
             h = await self.get_session(
                 _opt_str(args, "session") or "default", _opt_str(args, "agent"),
-                _opt_str(args, "cwd"), create=True, env=_opt_env(args),
-                cwd_given=args.get("cwd_given") is True,
+                # ``existing`` (a follower): never a new session
+                _opt_str(args, "cwd"), create=args.get("existing") is not True,
+                env=_opt_env(args), cwd_given=args.get("cwd_given") is True,
             )
             h.touch()
             try:

@@ -359,7 +359,8 @@ class Chaos:
         assert cp.returncode == 0, cp.stderr
         rows = {r["session"]: r for r in json.loads(cp.stdout)}
         restarts = sum(int(r["restarts"]) for r in rows.values())
-        transcripts = {s: _jsonl(env.home / "sessions" / s / "transcript.jsonl")
+        transcripts = {s: [t for t in _jsonl(env.home / "sessions" / s / "transcript.jsonl")
+                           if t.get("kind") == "turn"]  # events besides (worker starts ...)
                        for s in SESSIONS}
         replayed = sum(1 for tr in transcripts.values() for line in tr if line.get("replayed"))
         kills = self.sup_kills + self.worker_kills

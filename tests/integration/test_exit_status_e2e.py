@@ -33,7 +33,8 @@ def cli(env: DaemonEnv, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 def transcript(env: DaemonEnv, session: str) -> list[dict[str, object]]:
     path = env.home / "sessions" / session / "transcript.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [rec for rec in lines if rec.get("kind") == "turn"]
 
 
 def test_the_cli_exits_with_the_agents_status_and_streams_its_stderr_apart(
