@@ -1,4 +1,4 @@
-"""Autostart of a supervisor by a client (SPEC §2), shared by the sync and async clients.
+"""Autostart of a supervisor by a client, shared by the sync and async clients.
 
 The CLI calls :func:`autostart_and_wait` in-process (it is short-lived, so the daemon is
 re-parented when it exits). A Trio program must not keep a detached daemon as its child (it would

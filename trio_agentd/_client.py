@@ -726,7 +726,8 @@ async def open_client(
     autostart: bool = True,
     timing: Timing = DEFAULT_TIMING,
 ) -> AsyncIterator[Client]:
-    """Connect to the supervisor on ``socket`` (default: SPEC §3), autostarting one if needed.
+    """Connect to the supervisor on ``socket`` (default: the per-user socket, see
+    ``Layout.resolve``), autostarting one if needed.
 
     Raises:
         AgentdError: ``daemon_unavailable`` (with the exit code and log tail if an autostarted

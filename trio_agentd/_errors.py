@@ -1,4 +1,4 @@
-"""The one error type of the public API, carrying the wire code of SPEC §7."""
+"""The one error type of the public API, carrying its wire code."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class AgentdError(Exception):
     """Base of every error trio-agentd raises to its users.
 
     Attributes:
-        code: the wire code (SPEC §7).
+        code: the wire code.
         message: one human line that names the cause and, where there is one, the fix.
         details: machine-readable extras (e.g. the ownership-lost cause).
     """

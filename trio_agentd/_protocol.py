@@ -1,4 +1,4 @@
-"""The JSON-lines protocol of SPEC §7: message types, a size-bounded line splitter, the codec.
+"""The JSON-lines protocol: message types, a size-bounded line splitter, the codec.
 
 Pure: no trio, no sockets. The same messages travel on the public socket (client ↔ supervisor)
 and on each worker's private socket (supervisor ↔ worker), which adds the worker hello and the

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Startup order is the contract of SPEC §5: acquire the ownership record (conflict scan under the
+Startup order is a contract: acquire the ownership record (conflict scan under the
 registry guard), take the socket lease, prove the generation belongs to this home
 (``generations/<g>/``), bind the socket, and only then listen — so any supervisor that answers a
 hello has a record. Every command first calls ``Ownership.ensure_current`` (one file read; a
@@ -84,7 +84,7 @@ log = logging.getLogger("trio_agentd.supervisor")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SupervisorConfig:
-    """How to run a supervisor. Unset paths resolve as SPEC §3 says."""
+    """How to run a supervisor. Unset paths resolve as ``Layout.resolve`` says."""
 
     socket: str | None = None
     home: str | None = None
@@ -93,7 +93,7 @@ class SupervisorConfig:
     timing: Timing = field(default_factory=lambda: DEFAULT_TIMING)
     admission_ticket: str | None = None
     stop_workers_on_exit: bool = False
-    # caps (SPEC §6): beyond them a connection or a new session gets ``resource_exhausted``
+    # caps: beyond them a connection or a new session gets ``resource_exhausted``
     max_clients: int = MAX_CLIENT_CONNECTIONS
     max_sessions: int = MAX_SESSIONS
 
@@ -538,7 +538,7 @@ class Supervisor:
                         " %s", ", ".join(healed))
 
     async def _idle_sweep_loop(self) -> None:
-        """Stop the workers of idle sessions (SPEC §6); transcripts and descriptors stay."""
+        """Stop the workers of idle sessions; transcripts and descriptors stay."""
         t = self.timing
         if t.idle_eviction <= 0:
             return

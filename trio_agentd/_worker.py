@@ -305,7 +305,7 @@ class Journal:
             self._durable_changed = trio.Event()
 
     def _flush_failed(self, exc: OSError) -> None:
-        """A flush failed: nothing after the last good one can be trusted (SPEC: fsync errors
+        """A flush failed: nothing after the last good one can be trusted (fsync errors
         are reported once and the data may be gone). Cut back to it; keep what ran."""
         self._failed(exc)
         self._lost.append((self._durable, self.written, exc))

@@ -1,4 +1,4 @@
-"""Every timing constant of SPEC §6, in one frozen dataclass that tests replace.
+"""Every timing constant, in one frozen dataclass that tests replace.
 
 Code never reads a bare number for a timeout or a period: it takes a :class:`Timing` (usually
 :data:`DEFAULT_TIMING`) so a MockClock test can assert the exact virtual time of every step.

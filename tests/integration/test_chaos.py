@@ -44,7 +44,7 @@ HARD_DEADLINE = 80.0
 # recovery progress required between two kills: answered prompts, at least this many, at most
 PROGRESS_MIN, PROGRESS_MAX = 4, 40
 # worker kills per session: more than RESTART_INTENSITY (5) respawns within 60 s marks a session
-# failed by design (SPEC §6), so the chaos stays below it
+# failed by design, so the chaos stays below it
 WORKER_KILLS_PER_SESSION = 4
 # prompts per session: the worker journal compacts after COMPACT_AFTER lines (two per prompt) and
 # then keeps only the newest results (by design), which would hide answered commands from (b)

@@ -1,4 +1,4 @@
-"""Crash recovery end to end: real supervisors and workers, kill -9, real files (issue 3)."""
+"""Crash recovery end to end: real supervisors and workers, kill -9, real files."""
 
 from __future__ import annotations
 

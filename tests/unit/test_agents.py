@@ -1,4 +1,4 @@
-"""The built-in agents (SPEC §8) and their specs.
+"""The built-in agents and their specs.
 
 The ``shell`` and ``exec`` tests start real processes, so they run on the real clock under an
 outer ``trio.fail_after``. Nothing here waits by sleeping: a script that must pause until the
