@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _defaults
+from ._storage import errno_name
 
 ENV_MAX_BYTES = "TRIO_AGENTD_LOG_MAX_BYTES"
 ENV_BACKUPS = "TRIO_AGENTD_LOG_BACKUPS"
@@ -96,6 +97,8 @@ class RotatingLog(logging.Handler):
         self.path = path
         self.limits = limits
         self._fd = self._open()
+        self._lost = 0  # lines the file system refused since the last one written
+        self._lost_cause = ""
         ident = _identity(self._fd)
         self._stdio = tuple(fd for fd in stdio if _identity(fd) == ident)
 
@@ -105,16 +108,30 @@ class RotatingLog(logging.Handler):
         return open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Write one line. A write the file system refuses (a full disk, a file-size limit)
+        loses the line, never the process, and prints no traceback anywhere: the lines lost
+        are counted, and the first line that can be written again says how many and why."""
         try:
             data = (self.format(record) + "\n").encode("utf-8", "backslashreplace")
-            self.acquire()
-            try:
-                self._maybe_rotate(len(data))
-                _write_all(self._fd, data)
-            finally:
-                self.release()
         except Exception:
-            self.handleError(record)
+            self.handleError(record)  # a bug in a log call: logging's own report
+            return
+        self.acquire()
+        try:
+            if self._lost:
+                note = (f"{logging.Formatter().formatTime(record)} {self._lost} log line(s)"
+                        f" lost: {self._lost_cause}\n").encode()
+                self._maybe_rotate(len(note) + len(data))
+                _write_all(self._fd, note)
+                self._lost, self._lost_cause = 0, ""
+            else:
+                self._maybe_rotate(len(data))
+            _write_all(self._fd, data)
+        except OSError as exc:
+            self._lost += 1
+            self._lost_cause = f"{errno_name(exc)} writing {self.path} ({exc.strerror or exc})"
+        finally:
+            self.release()
 
     def _maybe_rotate(self, adding: int) -> None:
         limit = self.limits.max_bytes

@@ -227,3 +227,42 @@ def test_daemon_log_last_lines_then_follow_across_a_rotation(tmp_path: Path) -> 
     out.clear()
     follow_daemon_log(path, out.append, last=None, follow=False)
     assert out == [b"five\n"]
+
+
+def test_a_full_disk_loses_log_lines_quietly_and_the_next_line_counts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    from trio_agentd import _rotate
+
+    path = tmp_path / "worker.log"
+    handler = RotatingLog(path, Limits(0, 0))
+    logger = logging.getLogger("test.fulldisk")
+    logger.propagate = False
+    logger.addHandler(handler)
+    real = _rotate._write_all
+    full = True
+
+    def write(fd: int, data: bytes) -> None:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(_rotate, "_write_all", write)
+    try:
+        logger.warning("before 1")
+        logger.warning("before 2")
+        full = False
+        logger.warning("after")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    assert lines[0].endswith(f"2 log line(s) lost: ENOSPC writing {path} (No space left on"
+                             " device)")
+    assert lines[1] == "after"
+    captured = capsys.readouterr()
+    assert "Logging error" not in captured.err + captured.out
+    assert "Traceback" not in captured.err + captured.out
