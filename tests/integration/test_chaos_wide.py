@@ -134,6 +134,11 @@ class Load:
             return [r for r in self.sent if r.end]
 
 
+
+def _turns(path: Path) -> list[dict[str, Any]]:
+    """The transcript's turn records (it also holds events: workers started, stopped)."""
+    return [rec for rec in _jsonl(path) if rec.get("kind") == "turn"]
+
 def _client_thread(layout: Layout, load: Load, index: int, seed: int, deadline: float,
                    effects: Path, clients: list[SyncClient]) -> None:
     rng = random.Random(seed * 1000 + index)
@@ -641,7 +646,7 @@ class WideChaos:
         for s in (*ECHO, SHELL):
             self.check_session(s, [r for r in sent if r.session == s], journal_dir, effects)
         for s in IDLE:
-            tr = _jsonl(env.home / "sessions" / s / "transcript.jsonl")
+            tr = _turns(env.home / "sessions" / s / "transcript.jsonl")
             assert [line["prompt"] for line in tr] == [
                 r.text for r in self.idle_prompts if r.session == s]
             assert [int(line["turn"]) for line in tr] == list(range(1, len(tr) + 1))
@@ -649,7 +654,7 @@ class WideChaos:
     def check_session(self, s: str, sent: list[Sent], journal_dir: Path,
                       effects: Counter[str]) -> None:
         env = self.env
-        tr = _jsonl(env.home / "sessions" / s / "transcript.jsonl")
+        tr = _turns(env.home / "sessions" / s / "transcript.jsonl")
         turns = [int(line["turn"]) for line in tr]
         assert turns == list(range(1, len(tr) + 1)), f"{s}: turns {turns}"
         raw = (journal_dir / f"{s}.jsonl").read_bytes()

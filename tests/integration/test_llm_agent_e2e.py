@@ -5,7 +5,6 @@ user types it: streamed tokens, progress on stderr, a child tool process, chosen
 from __future__ import annotations
 
 import json
-import os
 import select
 import shlex
 import signal
@@ -89,7 +88,7 @@ def test_a_closed_stdout_ends_the_cli_quietly(denv: DaemonEnv) -> None:
     denv.procs.append(p)  # type: ignore[arg-type]
     assert p.stdout is not None
     assert p.stderr is not None
-    assert os.read(p.stdout.fileno(), 8) == b"answer: "
+    assert p.stdout.read(8) == b"answer: "  # (the tokens come a few bytes at a time)
     p.stdout.close()  # as `| head -c 8` does, with megabytes still to come
     err = p.stderr.read()
     assert p.wait(timeout=60) == 141
