@@ -7,7 +7,7 @@ Each figure runs in its own child process (``python -m benchmarks.run --child NA
 deadline: a figure that fails or hangs records its error and the run goes on. Everything a child
 starts inherits a marker in its environment (``TA_BENCH_RUNNER=<id>``); after each figure the
 runner kills whatever still carries it (the figures kill what they start themselves; a leftover
-is reported as a leak). Verdicts against the goals of issue 5 are computed from the numbers of
+is reported as a leak). Verdicts against the goals are computed from the numbers of
 this run, never written by hand.
 """
 

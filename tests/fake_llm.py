@@ -15,6 +15,10 @@ steers it with ``key=value`` words; every other word is echoed back as a token:
 
 It never reads its environment for anything but ``FAKE_LLM_PIDS``, and uses only the standard
 library, so it runs with any Python.
+
+Imported as a Python agent (``fake_llm:agent``, from a session whose directory holds this file),
+:class:`FakeLLM` answers the same way inside the worker: tokens streamed with small delays,
+progress as ``Stderr`` pieces, the chosen exit status last.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 
 
 def _stream(text: str, delay: float) -> None:
@@ -63,6 +68,34 @@ def main() -> int:
         _stream(out.decode(), 0)
     print("done", file=sys.stderr, flush=True)
     return int(settings.get("exit", "0"))
+
+
+class FakeLLM:
+    """The same behaviour as a Python agent (no tool process: a Python agent runs in the
+    worker)."""
+
+    replayable = False
+
+    async def turn(self, prompt: str, ctx: object) -> AsyncIterator[object]:
+        import trio
+
+        from trio_agentd.agents import ExitStatus, Stderr
+
+        settings = dict(w.partition("=")[::2] for w in prompt.split() if "=" in w)
+        words = [w for w in prompt.split() if "=" not in w]
+        delay = float(settings.get("delay", "0.005"))
+        yield Stderr(f"thinking about {len(words)} words\n")
+        yield "answer:"
+        for word in words:
+            await trio.sleep(delay)
+            yield f" {word}"
+        yield "\n"
+        yield Stderr("done\n")
+        yield ExitStatus(int(settings.get("exit", "0")))
+
+
+def agent() -> FakeLLM:
+    return FakeLLM()
 
 
 if __name__ == "__main__":

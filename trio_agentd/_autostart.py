@@ -1,4 +1,4 @@
-"""Autostart of a supervisor by a client (SPEC §2), shared by the sync and async clients.
+"""Autostart of a supervisor by a client, shared by the sync and async clients.
 
 The CLI calls :func:`autostart_and_wait` in-process (it is short-lived, so the daemon is
 re-parented when it exits). A Trio program must not keep a detached daemon as its child (it would
@@ -10,6 +10,14 @@ The client spawns ``python -E -P -m trio_agentd --socket S --home H --registry R
 the client's cwd) and polls for a hello. A spawned daemon that loses the
 race to another one exits 0 quietly (``--autostarted``), so the client keeps polling for the
 winner; one that exits non-zero makes the client fail with the exit code and the log's tail.
+
+Upgrades use the same path (:func:`hand_over`). A client that meets a supervisor of an older
+installation (a lower protocol, or the same protocol and a lower app version) asks it to release
+the socket with the ``shutdown`` op and ``stop_workers: false`` — an op every protocol version
+has — once no session is busy, waits for it to exit, and spawns a supervisor from its own
+installation (its own ``sys.executable``), which adopts the workers. Busy sessions are waited
+for at most ``handover_wait``; then the client says what to run (``trio-agentd restart``, which
+hands over at once: running turns go on in their workers).
 """
 
 from __future__ import annotations
@@ -25,8 +33,13 @@ from typing import TYPE_CHECKING
 from ._defaults import CLIENT, ClientTiming
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
+from ._version import APP_VERSION, PROTOCOL_VERSION
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from ._syncclient import _Conn
     from .timing import Timing
 
 
@@ -145,20 +158,266 @@ def autostart_and_wait(layout: Layout, timing: Timing | ClientTiming = CLIENT) -
             _fs.unlock(lock_fd)
 
 
+# --- upgrades: handing the socket over to a supervisor of this installation -------------------
+
+
+def version_key(version: object) -> tuple[int, ...]:
+    """The leading numbers of a version string, for ordering (``"0.10.1"`` > ``"0.9"``);
+    ``()`` for something that is not a version (it sorts before any)."""
+    if not isinstance(version, str):
+        return ()
+    out: list[int] = []
+    for part in version.split("."):
+        digits = len(part) - len(part.lstrip("0123456789"))
+        if digits == 0:
+            break
+        out.append(int(part[:digits]))
+        if digits != len(part):
+            break
+    return tuple(out)
+
+
+def _protocol_of(hello: dict[str, Any]) -> int:
+    p = hello.get("protocol")
+    return p if isinstance(p, int) and not isinstance(p, bool) else -1
+
+
+def is_ours(hello: dict[str, Any]) -> bool:
+    """The supervisor that said ``hello`` runs this installation's version and protocol."""
+    return _protocol_of(hello) == PROTOCOL_VERSION and hello.get("app_version") == APP_VERSION
+
+
+def is_older(hello: dict[str, Any]) -> bool:
+    """The supervisor that said ``hello`` is of an older installation than this client: a
+    lower protocol, or the same protocol and a lower app version. Only those are handed over
+    by themselves (two installations used side by side must not replace each other on every
+    command); ``trio-agentd restart`` replaces any other version."""
+    theirs = (_protocol_of(hello), version_key(hello.get("app_version")))
+    return theirs < (PROTOCOL_VERSION, version_key(APP_VERSION))
+
+
+def busy_sessions(rows: object) -> list[str]:
+    """The sessions of a ``sessions`` answer that run or queue a turn. A supervisor older than
+    the ``busy`` field says it by an idle time of 0 on a ready session."""
+    names: list[str] = []
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, dict):
+            continue
+        busy = row.get("busy")
+        if not isinstance(busy, bool):
+            busy = row.get("state") == "ready" and row.get("idle_s") == 0
+        if busy:
+            names.append(str(row.get("session")))
+    return names
+
+
+def _handover_wait(timing: Timing | ClientTiming) -> float:
+    if isinstance(timing, ClientTiming):  # the CLI: TRIO_AGENTD_TIMING may set it
+        from .timing import timing_from_env
+
+        return timing_from_env().handover_wait
+    return timing.handover_wait
+
+
+HANDOVER_EXIT_GRACE = 20.0  # seconds an old supervisor has to exit once asked to release
+
+
+def hand_over(
+    layout: Layout,
+    timing: Timing | ClientTiming = CLIENT,
+    *,
+    force: bool = False,
+    progress: Callable[[str], object] | None = None,
+) -> tuple[_Conn, dict[str, Any]]:
+    """Replace the supervisor on the socket with one of this installation, keeping its
+    sessions and workers; return a connection to the supervisor that serves at the end and
+    its hello.
+
+    Once no session is busy (at once with ``force``) the old supervisor is asked to release
+    (``shutdown`` with ``stop_workers: false``: it drains, releases its record and socket and
+    exits, its workers keep running), and a supervisor is spawned from this installation; it
+    adopts the workers. Busy sessions are named once through ``progress`` and waited for at
+    most ``handover_wait``. One client hands over at a time (the autostart lock); the others
+    wait for it.
+
+    Returns the old supervisor's connection (after saying through ``progress`` what to run)
+    when its sessions stayed busy and it speaks this client's protocol.
+
+    Raises:
+        AgentdError: ``version_mismatch`` when busy sessions outlast the wait and the old
+            supervisor speaks another protocol; ``daemon_unavailable`` when it does not exit
+            or ours does not start.
+    """
+    from . import _fs
+    from ._syncclient import _Lost, probe
+
+    wait = _handover_wait(timing)
+    start = time.monotonic()
+    deadline = start + wait + HANDOVER_EXIT_GRACE + timing.startup_timeout
+    lock_path = layout.socket + ".autostart"
+    lock_fd: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    said_busy = False
+    try:
+        while True:
+            got = probe(layout, timing, patience=timing.patience, progress=progress)
+            if got is not None and is_ours(got[1]):
+                return got
+            if time.monotonic() > deadline:
+                if got is not None:
+                    got[0].close()
+                raise startup_timeout(layout, deadline - start)
+            if lock_fd is None:
+                lock_fd = _fs.try_lock(lock_path)
+            if lock_fd is None:
+                # another client is handing over or starting a supervisor: wait for it
+                if got is not None:
+                    got[0].close()
+                time.sleep(timing.probe_interval)
+                continue
+            if got is None:  # the old one is gone: start ours
+                if proc is None:
+                    proc = spawn_daemon(layout)
+                elif (rc := proc.poll()) is not None and rc != 0:
+                    raise startup_failed(layout, rc)
+                time.sleep(timing.probe_interval)
+                continue
+            conn, hello = got
+            try:
+                # the successor serves the home the old one serves: a home set here that is
+                # another one is refused (naming both); a client that set none uses its home
+                served = _served_layout(layout, hello)
+            except AgentdError:
+                conn.close()
+                raise
+            layout = served
+            try:
+                busy = [] if force else _busy_of(conn)
+            except (OSError, _Lost, AgentdError) as exc:
+                conn.close()  # it is going away by itself (or was not reachable): look again
+                if isinstance(exc, AgentdError) and exc.code not in (
+                    ErrorCode.SHUTTING_DOWN, ErrorCode.DAEMON_UNAVAILABLE
+                ):
+                    raise
+                time.sleep(timing.probe_interval)
+                continue
+            if busy:
+                pid, old = hello.get("pid"), hello.get("app_version")
+                names = ", ".join(busy)
+                if time.monotonic() - start >= wait:
+                    advice = (
+                        f"supervisor pid {pid} (trio-agentd {old}) was not replaced: session(s)"
+                        f" {names} still busy after {wait:g}s — run `trio-agentd restart` to"
+                        f" replace it with {APP_VERSION} now (running turns go on)"
+                    )
+                    if _protocol_of(hello) != PROTOCOL_VERSION:
+                        conn.close()
+                        raise AgentdError(ErrorCode.VERSION_MISMATCH, advice,
+                                          {"busy": busy, "app_version": old})
+                    if progress is not None:
+                        progress(advice)
+                    return got
+                if not said_busy and progress is not None:
+                    progress(f"supervisor pid {pid} runs trio-agentd {old}; waiting up to"
+                             f" {wait:g}s for busy session(s) {names} to finish before handing"
+                             f" over to {APP_VERSION}…")
+                said_busy = True
+                conn.close()
+                time.sleep(0.1)
+                continue
+            _release(layout, conn, hello)
+            proc = None  # (a supervisor we spawned lost to another one, now released too)
+    finally:
+        if lock_fd is not None:
+            _fs.unlock(lock_fd)
+
+
+def _served_layout(layout: Layout, hello: dict[str, Any]) -> Layout:
+    """``layout`` with the home the supervisor that said ``hello`` serves, when this client set
+    no home of its own.
+
+    Raises:
+        AgentdError: ``config`` when the home set here is another one.
+    """
+    layout.check_served_home(hello.get("home"))
+    served = hello.get("home")
+    if layout.home_source is not None or not isinstance(served, str) or not served:
+        return layout
+    if os.path.abspath(served) == str(layout.home):
+        return layout
+    return Layout(home=os.path.abspath(served), socket=layout.socket,
+                  registry=layout._registry, home_source=None)
+
+
+def _busy_of(conn: _Conn) -> list[str]:
+    from ._syncclient import _await_response
+
+    conn.send({"type": "request", "id": "handover-sessions", "client_id": "handover",
+               "op": "sessions", "args": {}})
+    return busy_sessions(_await_response(conn, "handover-sessions", None))
+
+
+def _release(layout: Layout, conn: _Conn, hello: dict[str, Any]) -> None:
+    """Ask the supervisor to release the socket and exit, leaving its workers running (the
+    ``shutdown`` op with ``stop_workers: false``, which every protocol version has); wait for
+    it to exit."""
+    from ._identity import is_alive
+    from ._syncclient import _await_response, _Lost
+
+    try:
+        conn.send({"type": "request", "id": "handover", "client_id": "handover",
+                   "op": "shutdown", "args": {"stop_workers": False}})
+        _await_response(conn, "handover", None)
+    except (OSError, _Lost):
+        pass  # it went away meanwhile: as good
+    except AgentdError as exc:
+        if exc.code != ErrorCode.SHUTTING_DOWN:
+            raise
+    finally:
+        conn.close()
+    pid, start_id = hello.get("pid"), hello.get("start_id")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return
+    start_id = start_id if isinstance(start_id, str) else None
+    deadline = time.monotonic() + HANDOVER_EXIT_GRACE
+    while is_alive(pid, start_id):
+        if time.monotonic() > deadline:
+            raise AgentdError(
+                ErrorCode.DAEMON_UNAVAILABLE,
+                f"supervisor pid {pid} (trio-agentd {hello.get('app_version')}) was asked to"
+                f" hand {layout.socket} over to {APP_VERSION} but did not exit within"
+                f" {HANDOVER_EXIT_GRACE:g}s — run `trio-agentd doctor --fix`",
+            )
+        time.sleep(0.02)
+
+
 def main() -> None:
-    """``python -m trio_agentd._autostart --socket S --home H --registry R`` (for open_client)."""
+    """``python -m trio_agentd._autostart --socket S --home H --registry R [--handover]``
+    (for open_client: a supervisor is started, or handed over to, from a helper process)."""
     from ._errors import AgentdError
 
     p = argparse.ArgumentParser(prog="trio-agentd-autostart")
     p.add_argument("--socket", required=True)
     p.add_argument("--home", required=True)
     p.add_argument("--registry", required=True)
+    p.add_argument("--handover", action="store_true")
+    p.add_argument("--handover-wait", type=float)
     args = p.parse_args()
     layout = Layout.resolve(socket=args.socket, home=args.home, registry=args.registry)
+    import dataclasses
+
     from .timing import timing_from_env
 
     try:
-        autostart_and_wait(layout, timing_from_env())
+        timing = timing_from_env()
+        if args.handover_wait is not None:
+            timing = dataclasses.replace(timing, handover_wait=args.handover_wait)
+        if args.handover:
+            conn, _hello = hand_over(layout, timing,
+                                     progress=lambda line: print(line, file=sys.stderr))
+            conn.close()
+        else:
+            autostart_and_wait(layout, timing)
     except AgentdError as exc:
         print(exc.message, file=sys.stderr)
         sys.exit(1)

@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from ._autostart import is_older, is_ours
 from ._errors import AgentdError, ErrorCode, single_errors
 from ._liveness import Silence, watch
 from ._paths import Layout, check_socket_path
@@ -39,7 +40,7 @@ from ._protocol import (
     error_of,
 )
 from ._stream import MessageStream
-from ._syncclient import CREATING_OPS, Output, _lease_holder, creator_args
+from ._syncclient import CREATING_OPS, Output, _lease_holder, creator_args, version_mismatch
 from ._trust import isolated_python, prove_peer, prove_socket_dir
 from .timing import DEFAULT_TIMING, Timing
 
@@ -118,15 +119,18 @@ class _Connection:
 
     @contextlib.contextmanager
     def watched(
-        self, nursery: trio.Nursery, ping: Request, timing: Timing, unresponsive: AgentdError
+        self, nursery: trio.Nursery, ping: Request, timing: Timing, unresponsive: AgentdError,
+        ping_timeout: float | None = None,
     ) -> Iterator[None]:
         """While the body runs (a request is outstanding), ping the peer after
-        ``link_ping_interval`` of silence; if nothing arrives within ``link_ping_timeout`` of a
-        ping, end the connection with ``unresponsive`` (every pending request raises it)."""
+        ``link_ping_interval`` of silence; if nothing arrives within ``ping_timeout`` (default
+        ``link_ping_timeout``) of a ping, end the connection with ``unresponsive`` (every
+        pending request raises it)."""
         self.watchers += 1
         if self.watchers == 1:
             self._watch_scope = trio.CancelScope()
-            nursery.start_soon(self._watch, self._watch_scope, ping, timing, unresponsive)
+            nursery.start_soon(self._watch, self._watch_scope, ping, timing, unresponsive,
+                               timing.link_ping_timeout if ping_timeout is None else ping_timeout)
         try:
             yield
         finally:
@@ -136,13 +140,13 @@ class _Connection:
                 self._watch_scope = None
 
     async def _watch(
-        self, scope: trio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError
+        self, scope: trio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError,
+        ping_timeout: float,
     ) -> None:
         with scope:
             try:
                 await watch(self.silence, functools.partial(self.ms.send, ping),
-                            interval=timing.link_ping_interval,
-                            ping_timeout=timing.link_ping_timeout)
+                            interval=timing.link_ping_interval, ping_timeout=ping_timeout)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # the connection ended anyway
             if not self.closed:
@@ -214,7 +218,13 @@ class Client:
             with conn.watched(self._nursery, ping, self.timing,
                               _unresponsive(conn.route, self.timing)):
                 return await self._exchange_unwatched(conn, rid, op, args, on_event)
-        return await self._exchange_unwatched(conn, rid, op, args, on_event)
+        # the supervisor: however long a command takes, it answers pings meanwhile; one
+        # stopped or blocked after its hello fails the request after the client's patience
+        ping = Request(id=next(self._ids), op="ping", client_id=self.client_id)
+        with conn.watched(self._nursery, ping, self.timing,
+                          _supervisor_unresponsive(self.layout.socket, self.timing),
+                          ping_timeout=self.timing.patience):
+            return await self._exchange_unwatched(conn, rid, op, args, on_event)
 
     async def _exchange_unwatched(
         self,
@@ -506,6 +516,16 @@ class Client:
         return dict(await self.request("status"))
 
 
+def _supervisor_unresponsive(socket: str, timing: Timing) -> AgentdError:
+    return AgentdError(
+        ErrorCode.DAEMON_UNAVAILABLE,
+        f"the supervisor on {socket} answers nothing, not even a ping within"
+        f" {timing.patience:g}s (stopped, or its event loop is blocked) — run"
+        ' "trio-agentd doctor --fix"',
+        {"wedged": True},
+    )
+
+
 def _unresponsive(route: dict[str, Any], timing: Timing) -> AgentdError:
     session = route.get("session")
     return AgentdError(
@@ -629,13 +649,24 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
     return ms, msg
 
 
-async def _autostart(layout: Layout, timing: Timing) -> None:
-    """Autostart through a helper process, so the daemon never becomes our (zombie) child."""
+async def _autostart(layout: Layout, timing: Timing, *, handover: bool = False) -> None:
+    """Autostart through a helper process, so the daemon never becomes our (zombie) child.
+
+    ``handover``: the helper hands an older supervisor over to one of this installation
+    (``trio_agentd._autostart.hand_over``); what it says (busy sessions it waits for, or what
+    to run) is logged as warnings of ``trio_agentd.client``.
+    """
     import subprocess
 
     argv = [*isolated_python("trio_agentd._autostart"), "--socket", layout.socket,
             "--home", str(layout.home), "--registry", str(layout.registry)]
-    with trio.move_on_after(timing.startup_timeout + 5) as scope:
+    bound = timing.startup_timeout + 5
+    if handover:
+        from ._autostart import HANDOVER_EXIT_GRACE
+
+        argv += ["--handover", "--handover-wait", repr(timing.handover_wait)]
+        bound += timing.handover_wait + HANDOVER_EXIT_GRACE
+    with trio.move_on_after(bound) as scope:
         done = await trio.run_process(
             argv, check=False, capture_stdout=True, capture_stderr=True,
             stdin=subprocess.DEVNULL, cwd="/",
@@ -644,12 +675,16 @@ async def _autostart(layout: Layout, timing: Timing) -> None:
         from ._autostart import startup_timeout
 
         raise startup_timeout(layout, timing.startup_timeout)
+    said = done.stderr.decode(errors="replace").strip()
     if done.returncode != 0:
-        raise AgentdError(
-            ErrorCode.DAEMON_UNAVAILABLE,
-            done.stderr.decode(errors="replace").strip() or "autostart failed",
-            {"startup": True},
-        )
+        code = ErrorCode.VERSION_MISMATCH if handover and "trio-agentd restart" in said else (
+            ErrorCode.DAEMON_UNAVAILABLE)
+        raise AgentdError(code, said or "autostart failed", {"startup": True})
+    if said:
+        import logging
+
+        for line in said.splitlines():
+            logging.getLogger("trio_agentd.client").warning("%s", line)
 
 
 async def _connect(layout: Layout, timing: Timing, *, autostart: bool) -> _Connection:
@@ -660,12 +695,19 @@ async def _connect(layout: Layout, timing: Timing, *, autostart: bool) -> _Conne
     if got is None:
         raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor on {layout.socket}")
     ms, hello = got
+    seen = {"protocol": hello.protocol, "app_version": hello.app_version}
+    if autostart and not is_ours(seen) and is_older(seen):
+        # an upgrade: the older supervisor is handed over to one of this installation
+        await ms.aclose()
+        await _autostart(layout, timing, handover=True)
+        got = await _probe(layout, timing)
+        if got is None:
+            raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor on {layout.socket}")
+        ms, hello = got
     if hello.protocol != PROTOCOL_VERSION:
         await ms.aclose()
-        raise AgentdError(
-            ErrorCode.VERSION_MISMATCH,
-            f"the supervisor speaks protocol {hello.protocol} (app {hello.app_version}), this"
-            f" client speaks {PROTOCOL_VERSION} — run `trio-agentd restart`",
+        raise version_mismatch(
+            layout, {"protocol": hello.protocol, "app_version": hello.app_version}
         )
     try:
         layout.check_served_home(hello.home)
@@ -684,7 +726,8 @@ async def open_client(
     autostart: bool = True,
     timing: Timing = DEFAULT_TIMING,
 ) -> AsyncIterator[Client]:
-    """Connect to the supervisor on ``socket`` (default: SPEC §3), autostarting one if needed.
+    """Connect to the supervisor on ``socket`` (default: the per-user socket, see
+    ``Layout.resolve``), autostarting one if needed.
 
     Raises:
         AgentdError: ``daemon_unavailable`` (with the exit code and log tail if an autostarted

@@ -20,6 +20,9 @@ PATIENCE = 15.0
 PATIENCE_TICK = 3.0
 # doctor --fix repairs only what stays unresponsive across this many seconds of re-probing
 REPROBE_WINDOW = 3.0
+# a client of a newer version that meets an older supervisor hands over to a supervisor of its
+# own installation once no session is busy: it waits at most this long for busy sessions
+HANDOVER_WAIT = 15.0
 
 
 class ClientTiming:
@@ -34,6 +37,17 @@ class ClientTiming:
     patience = PATIENCE
     patience_tick = PATIENCE_TICK
     reprobe_window = REPROBE_WINDOW
+    handover_wait = HANDOVER_WAIT
 
 
 CLIENT = ClientTiming()
+
+# size-bounded logs, as supervisord's 50 MB x 10: daemon.log, each worker.log and each
+# transcript.jsonl move to NAME.1 (NAME.1 to NAME.2, ...) once past LOG_MAX_BYTES; the oldest
+# beyond LOG_BACKUPS is deleted. Environment: TRIO_AGENTD_LOG_MAX_BYTES, TRIO_AGENTD_LOG_BACKUPS
+# (whole numbers; LOG_MAX_BYTES 0 turns rotation off).
+LOG_MAX_BYTES = 50 * 1024 * 1024
+LOG_BACKUPS = 10
+# a `logs -f` follower may be this many bytes of live output behind before the worker drops it
+# (the turn never waits for a follower)
+FOLLOW_MAX_BYTES = 4 * 1024 * 1024

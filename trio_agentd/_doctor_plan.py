@@ -13,7 +13,7 @@ to :func:`classify`. Guards against false positives live here, in one place:
 * a supervisor replaced by a newer one answers hello with the newer generation, which has its
   own record: ``current``.
 
-:func:`plan_repair` turns a status into the ordered steps of SPEC §9, or a refusal; the shell
+:func:`plan_repair` turns a status into the ordered steps of a repair, or a refusal; the shell
 executes them one by one and stops at the first that fails, so a failed kill never leads to an
 unlinked socket or a second supervisor.
 """

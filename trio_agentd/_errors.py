@@ -1,4 +1,4 @@
-"""The one error type of the public API, carrying the wire code of SPEC §7."""
+"""The one error type of the public API, carrying its wire code."""
 
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ class ErrorCode(StrEnum):
     # worker to supervisor (a ``dropped`` frame), not on the public wire: the worker stopped
     # cleanly on its own (an operator's TERM/INT/HUP/QUIT): a stop, not a crash to respawn
     WORKER_STOPPED = "worker_stopped"
+    # `trio-agentd rm` of a session that runs a turn (without --force)
+    SESSION_BUSY = "session_busy"
+    # a `logs -f` follower that fell too far behind a turn's output was let go
+    FOLLOWER_BEHIND = "follower_behind"
 
 
 @contextlib.contextmanager
@@ -86,7 +90,7 @@ class AgentdError(Exception):
     """Base of every error trio-agentd raises to its users.
 
     Attributes:
-        code: the wire code (SPEC §7).
+        code: the wire code.
         message: one human line that names the cause and, where there is one, the fix.
         details: machine-readable extras (e.g. the ownership-lost cause).
     """

@@ -41,7 +41,7 @@ import trio
 from trio_util import AsyncValue
 
 from ._errors import AgentdError, ErrorCode
-from ._protocol import Notice, Response
+from ._protocol import APP_VERSION, PROTOCOL_VERSION, Notice, Response
 from ._recovery import (
     Action,
     Connect,
@@ -151,6 +151,9 @@ class WorkerHandle:
         self.supervised_since = 0.0
         self.evicted = False
         self.link: WorkerLink | None = None
+        # the version and protocol the current worker said in its hello (None: it did not)
+        self.worker_version: str | None = None
+        self.worker_protocol: int | None = None
         # set while recovering a worker that stopped answering pings: when its ping was sent
         self.unresponsive: float | None = None
         self.state = RecoveryState()
@@ -203,11 +206,43 @@ class WorkerHandle:
             "agent": self.agent,
             "state": state,
             "pid": self.pid if alive else None,
+            # as the worker itself said it in its hello; None when no worker runs (or one
+            # older than the field)
+            "version": self.worker_version if alive else None,
             "restarts": self.restarts,
             "turns": self.turns,
             "idle_s": round(self.idle_for(trio.current_time()), 3),
             "cause": cause or None,
+            "busy": bool(self.busy or self._prompts),
         }
+
+    @property
+    def outdated(self) -> bool:
+        """A worker of another version (or protocol) serves this session: adopted from a
+        supervisor of another installation. It serves until the session is idle, then
+        :meth:`replace_worker` replaces it."""
+        return (
+            self.mode.value is Mode.READY
+            and self.link is not None
+            and (self.worker_version != APP_VERSION or self.worker_protocol != PROTOCOL_VERSION)
+        )
+
+    async def replace_worker(self) -> bool:
+        """Replace the worker with one of this version if the session is idle: an eviction
+        (durable, and declined by a worker with a turn running or queued), then a start as for
+        a prompt. ``True`` once the old worker stopped and a new one is being started;
+        ``False`` if it declined (busy) or another stop took over."""
+        await self.request_stop(graceful=True, reason=StopReason.EVICT).wait()
+        if (
+            self.retired.is_set()
+            or self.mode.value is not Mode.STOPPED
+            or self.state.stop_reason is not StopReason.EVICT
+        ):
+            return False
+        self.evicted = False  # replaced, not evicted: it starts again at once
+        self._demand.set()
+        self._changed.value += 1
+        return True
 
     @property
     def stop_reason(self) -> StopReason:
@@ -611,6 +646,8 @@ class WorkerHandle:
     def _adopt_link(self, link: WorkerLink) -> None:
         """Make ``link`` current; its reader runs in the handle's nursery for the link's life."""
         self.link = link
+        self.worker_version = link.hello.app_version
+        self.worker_protocol = link.hello.protocol
         self.unresponsive = None
         link.on_notice = self._on_notice
         assert self._readers is not None

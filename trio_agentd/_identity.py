@@ -1,6 +1,6 @@
 """Process identity: a start id that names one incarnation, liveness, identity-checked signals.
 
-A pid alone is not an identity: pids are reused. SPEC §4 pairs it with a *start id* (on Linux the
+A pid alone is not an identity: pids are reused. We pair it with a *start id* (on Linux the
 boot id plus the start time in clock ticks from ``/proc/<pid>/stat``, less the boottime offset
 of the observer's time namespace, so every observer names a process alike; elsewhere psutil's create
 time). A process "is alive" only when its pid exists and its start id still matches. A process

@@ -1,4 +1,4 @@
-"""Worker command journals (SPEC §6): records, parsing, replay decisions. Pure.
+"""Worker command journals: records, parsing, replay decisions. Pure.
 
 One JSON object per line: ``accepted`` (before a command runs), ``started`` (written, not
 flushed, just before its agent runs), ``completed`` (with its result), ``interrupted`` (it will

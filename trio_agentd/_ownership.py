@@ -37,7 +37,7 @@ class Phase(enum.StrEnum):
 
 
 class Cause(enum.StrEnum):
-    """Why a supervisor no longer owns its record (SPEC §5)."""
+    """Why a supervisor no longer owns its record."""
 
     RELEASED = "released"
     MISSING = "record-missing"

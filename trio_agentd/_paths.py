@@ -1,4 +1,4 @@
-"""Where everything lives (SPEC §3), resolved once from flags, environment and defaults.
+"""Where everything lives, resolved once from flags, environment and defaults.
 
 Pure path arithmetic (directory creation and the proofs of ownership live in ``_trust``). Kept
 free of trio so the CLI's warm path can import it cheaply.
@@ -177,7 +177,7 @@ class Layout:
         registry: str | os.PathLike[str] | None = None,
         home_flag: str = "--home",
     ) -> Layout:
-        """Flags first, then the environment, then the defaults of SPEC §3.
+        """Flags first, then the environment, then the per-user defaults.
 
         ``home_flag`` names the explicit ``home`` in errors (``--home`` for the CLI)."""
         env_home = os.environ.get("TRIO_AGENTD_HOME")

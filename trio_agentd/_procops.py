@@ -21,6 +21,7 @@ import secrets
 import signal
 import socket as _socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from ._paths import Layout
 from ._recovery import Mode, RecoveryState, StopReason, descriptor_lifecycle
 from ._registry import Ownership
 from ._session import Transcript, read_meta, write_meta
+from ._storage import STORAGE_ERRNOS, storage_error
 from ._trust import (
     agent_environment,
     agent_import_path,
@@ -64,8 +66,9 @@ class ProcessWorkerOps:
         self._children: dict[int, trio.Process] = {}
         # the template that forks workers (started at the first spawn, in ``nursery``)
         self.forkserver: ForkServer | None = None
-        # session → why its last start or connect ran out of resources (cleared by a
-        # connect that succeeds): the supervisor answers resource_exhausted, not "failed"
+        # session → why its last start or connect ran out of resources or of room for its
+        # files (cleared by a connect that succeeds): the supervisor answers
+        # resource_exhausted or storage_error, not "failed"
         self.exhausted: dict[str, AgentdError] = {}
         self.rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
 
@@ -154,11 +157,20 @@ class ProcessWorkerOps:
 
     # processes --------------------------------------------------------------------------------
     def _resource_error(self, h: WorkerHandle, exc: OSError, what: str) -> AgentdError:
-        """The AgentdError for an OSError of a start or connect; an exhaustion is recorded."""
+        """The AgentdError for an OSError of a start or connect; an exhaustion (or a worker
+        file that could not be written for want of room) is recorded: the session is started
+        again by the next command, not left failed."""
         if is_exhaustion(exc):
             err = exhaustion_error(exc, what)
             self.exhausted[h.session_id] = err
             self.rl.error(("start", exc.errno), "session %s: %s", h.session_id, err.message)
+            return err
+        if exc.errno in STORAGE_ERRNOS:
+            err = storage_error(exc.filename or self.layout.home, exc,
+                                what=f"a file of session {h.session_id}'s worker")
+            self.exhausted[h.session_id] = err
+            self.rl.error(("start", exc.errno), "session %s: could not start its worker: %s",
+                          h.session_id, err.message)
             return err
         return AgentdError(ErrorCode.WORKER_UNAVAILABLE, f"{what}: {exc}")
 
@@ -193,9 +205,11 @@ class ProcessWorkerOps:
             meta = {"session": h.session_id, "agent": h.agent, "cwd": h.cwd,
                     "created_at": h.created_at, "socket": L.socket,
                     "env": h.env if h.env is not None else agent_environment(dict(os.environ))}
-            write_meta(session_dir, meta)
+            with _naming(session_dir / "session.json"):
+                write_meta(session_dir, meta)
         env = session_environment(meta)
-        _fs.atomic_write(L.token_path(h.session_id), h.token.encode(), mode=0o600)
+        with _naming(L.token_path(h.session_id)):
+            _fs.atomic_write(L.token_path(h.session_id), h.token.encode(), mode=0o600)
         cwd = h.cwd if _is_dir(h.cwd) else str(session_dir)
         config = WorkerConfig(
             session_id=h.session_id,
@@ -252,8 +266,13 @@ class ProcessWorkerOps:
         h.start_id = start_id
         try:
             await stdin.send_all(config.to_json().encode() + b"\n")
-            # the descriptor is on disk before the worker does any work
-            self.persist(h, lifecycle=Mode.STARTING)
+            # the descriptor is on disk before the worker does any work (a write that fails
+            # fails the start: the caller stops the worker, which has not passed its gate)
+            try:
+                with _naming(L.descriptor_path(h.session_id)):
+                    self.persist(h, lifecycle=Mode.STARTING)
+            except OSError as exc:
+                raise _DescriptorUnwritten(exc) from None
             await stdin.send_all(b"go\n")
             await stdin.aclose()
             buf = b""
@@ -262,6 +281,8 @@ class ProcessWorkerOps:
                 if not chunk:
                     break
                 buf += chunk
+        except _DescriptorUnwritten as exc:
+            raise exc.error from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             buf = b""
         finally:
@@ -446,6 +467,26 @@ class ProcessWorkerOps:
         h.env = env
         h.turns = Transcript(self.layout.session_dir(session_id)).turns
         return h
+
+
+class _DescriptorUnwritten(Exception):
+    """The descriptor of a starting worker could not be written (carries the OSError past
+    the handler for a worker that went away during its start)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` raised inside names ``path`` (a failed write says which file)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = os.fspath(path)
+        raise
 
 
 def _now() -> str:

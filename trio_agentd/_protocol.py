@@ -1,4 +1,4 @@
-"""The JSON-lines protocol of SPEC §7: message types, a size-bounded line splitter, the codec.
+"""The JSON-lines protocol: message types, a size-bounded line splitter, the codec.
 
 Pure: no trio, no sockets. The same messages travel on the public socket (client ↔ supervisor)
 and on each worker's private socket (supervisor ↔ worker), which adds the worker hello and the
@@ -111,6 +111,8 @@ class WorkerHello(_Msg, tag="worker_hello"):
     pid: int
     start_id: str | None
     protocol: int = PROTOCOL_VERSION
+    # the worker's own version (None from a worker older than the field)
+    app_version: str | None = None
 
 
 class Auth(_Msg, tag="auth"):

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Each session is supervised by one task that alternates between *doing* an :data:`Action` and
 *observing* its outcome as an :data:`Observation`. :func:`decide` maps ``(state, observation,
-now)`` to ``(state, action)``; it reads no clock and does no I/O, so the schedule of SPEC §6 is
+now)`` to ``(state, action)``; it reads no clock and does no I/O, so the recovery schedule is
 tested with plain asserts and, through the shell, on MockClock.
 
 The schedule, when a worker connection drops:

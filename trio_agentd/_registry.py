@@ -1,4 +1,4 @@
-"""The ownership registry on disk, and a supervisor's claim on it (SPEC §5).
+"""The ownership registry on disk, and a supervisor's claim on it.
 
 Theory of operation
 -------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import _fs, _storage
 from ._errors import AgentdError, ErrorCode
+from ._rotate import Limits
 from ._sessionid import SESSION_ID_RULE, is_session_id
 
 log = logging.getLogger("trio_agentd.session")
@@ -30,16 +31,27 @@ def now_iso() -> str:
 
 
 class Transcript:
-    """Append-only ``transcript.jsonl``; each completed turn is one fsynced line."""
+    """Append-only ``transcript.jsonl``: one line per completed turn (``kind: turn``) and per
+    event (``kind: event``: a worker start, a turn cancelled, killed, failed or interrupted by
+    a worker restart, a rotation).
 
-    def __init__(self, session_dir: Path) -> None:
+    Size-bounded like the logs (``limits``): a line that would take the file past
+    ``max_bytes`` first moves it to ``transcript.jsonl.1`` (and so on, ``backups`` kept), and
+    the new file starts with a ``rotated`` event naming the turns before it, so turn numbers
+    go on and the turns in older files count as transcribed (:meth:`has`).
+    """
+
+    def __init__(self, session_dir: Path, limits: Limits | None = None) -> None:
         self.dir = session_dir
         self.path = session_dir / "transcript.jsonl"
+        self.limits = limits or Limits()
         self.turns = 0
+        self.rotated_through = 0  # every turn up to this one is in a rotated file
         self.keys: set[tuple[str, str]] = set()
         self.last: dict[str, Any] | None = None
         self._fd: int | None = None
         self.pending: list[bytes] = []  # lines not written yet (a write failed)
+        self._floor = 0  # a file no bigger than this (its rotated header) is not rotated
         try:
             data = _fs.read_bytes(self.path) or b""
         except _fs.UntrustedFile as exc:
@@ -50,10 +62,26 @@ class Transcript:
                 rec = json.loads(line)
             except (ValueError, UnicodeDecodeError):
                 continue
-            if isinstance(rec, dict) and rec.get("kind") == "turn":
+            if not isinstance(rec, dict):
+                continue
+            if rec.get("kind") == "turn":
                 self.turns = max(self.turns, int(rec.get("turn", 0)))
                 self.keys.add((str(rec.get("client_id", "")), str(rec.get("id", ""))))
                 self.last = rec
+            elif rec.get("kind") == "event" and rec.get("event") == "rotated":
+                through = rec.get("turns")
+                if isinstance(through, int) and not isinstance(through, bool):
+                    self.rotated_through = max(self.rotated_through, through)
+                    self.turns = max(self.turns, through)
+
+    def has(self, key: tuple[str, str], turn: object) -> bool:
+        """Whether the completed command ``key`` (its turn ``turn``) is transcribed already:
+        turns are transcribed in order, so one in a rotated file is, whatever its key."""
+        if key in self.keys:
+            return True
+        return isinstance(turn, int) and not isinstance(turn, bool) and (
+            turn <= self.rotated_through
+        )
 
     def append(self, rec: dict[str, Any]) -> None:
         """Append a line (no fsync: the journal is the durable record; see ``sync``).
@@ -72,6 +100,13 @@ class Transcript:
         self.pending.append(line)
         self.write_pending()
 
+    def event(self, event: str, **fields: Any) -> None:
+        """Append an event line; one that cannot be written now is kept (and logged)."""
+        try:
+            self.append({"kind": "event", "event": event, **fields})
+        except OSError as exc:
+            log.error("transcript %s: %s", self.path, exc)
+
     def write_pending(self) -> None:
         """Write the kept lines, in order; a failed one is cut off again and stays kept."""
         if not self.pending:
@@ -81,6 +116,10 @@ class Transcript:
             self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         while self.pending:
             start = os.fstat(self._fd).st_size
+            limit = self.limits.max_bytes
+            if limit > 0 and start > self._floor and start + len(self.pending[0]) > limit:
+                self._rotate()
+                continue
             try:
                 _storage.write_all(self._fd, self.pending[0])
             except OSError:
@@ -88,6 +127,32 @@ class Transcript:
                     os.ftruncate(self._fd, start)
                 raise
             del self.pending[0]
+
+    def _rotate(self) -> None:
+        """Move the file aside (bounded: the oldest beyond ``backups`` goes) and start a new
+        one with a ``rotated`` event, written before the line that did not fit."""
+        from ._rotate import shift
+
+        assert self._fd is not None
+        with contextlib.suppress(OSError):
+            os.fsync(self._fd)  # the old file is complete before it is moved
+        os.close(self._fd)
+        self._fd = None
+        shift(self.path, self.limits.backups)
+        self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        # the line that did not fit is not written yet: turns before it are done
+        through = self.turns
+        first = self.pending[0] if self.pending else b""
+        with contextlib.suppress(ValueError, TypeError):
+            rec = json.loads(first)
+            if isinstance(rec, dict) and rec.get("kind") == "turn":
+                through = int(rec.get("turn", 1)) - 1
+        self.rotated_through = max(self.rotated_through, through)
+        header = json.dumps({"kind": "event", "event": "rotated", "turns": through,
+                             "at": now_iso()}, separators=(",", ":")).encode() + b"\n"
+        self.pending.insert(0, header)
+        self._floor = len(header)
+        log.info("transcript %s rotated (past %d bytes)", self.path, self.limits.max_bytes)
 
     def sync(self) -> None:
         self.write_pending()

@@ -18,6 +18,8 @@ from ._errors import AgentdError, ErrorCode
 T = TypeVar("T")
 
 REMEDY = "free space on that filesystem (or raise its quota or file size limit)"
+# the errnos of a write that failed for want of room (or of a failing disk), not of a bug
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def errno_name(exc: OSError) -> str:

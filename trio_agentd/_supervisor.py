@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Startup order is the contract of SPEC §5: acquire the ownership record (conflict scan under the
+Startup order is a contract: acquire the ownership record (conflict scan under the
 registry guard), take the socket lease, prove the generation belongs to this home
 (``generations/<g>/``), bind the socket, and only then listen — so any supervisor that answers a
 hello has a record. Every command first calls ``Ownership.ensure_current`` (one file read; a
@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from trio_util import AsyncValue
@@ -84,7 +84,7 @@ log = logging.getLogger("trio_agentd.supervisor")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SupervisorConfig:
-    """How to run a supervisor. Unset paths resolve as SPEC §3 says."""
+    """How to run a supervisor. Unset paths resolve as ``Layout.resolve`` says."""
 
     socket: str | None = None
     home: str | None = None
@@ -93,7 +93,7 @@ class SupervisorConfig:
     timing: Timing = field(default_factory=lambda: DEFAULT_TIMING)
     admission_ticket: str | None = None
     stop_workers_on_exit: bool = False
-    # caps (SPEC §6): beyond them a connection or a new session gets ``resource_exhausted``
+    # caps: beyond them a connection or a new session gets ``resource_exhausted``
     max_clients: int = MAX_CLIENT_CONNECTIONS
     max_sessions: int = MAX_SESSIONS
 
@@ -106,12 +106,36 @@ SUPERVISOR_SIGNALS = (*sorted(SUPERVISOR_STOP_SIGNALS), signal.SIGUSR1, signal.S
                       signal.SIGALRM)
 
 
+class ClientListener(Protocol):
+    """Where client connections come from when it is not the supervisor's Unix socket: an
+    in-memory listener (``trio_agentd.testing.MemoryListener``) runs the whole supervisor on
+    MockClock. ``close`` ends a pending ``accept`` with ``trio.ClosedResourceError``."""
+
+    async def accept(self) -> trio.abc.Stream: ...
+
+    def close(self) -> None: ...
+
+
 def _self_heal_from_env() -> bool:
     return os.environ.get("TRIO_AGENTD_SELF_HEAL", "1").strip().lower() not in ("0", "false", "no")
 
 
 class Supervisor:
-    def __init__(self, config: SupervisorConfig) -> None:
+    """Args:
+        worker_ops: builds the supervisor's :class:`ProcessWorkerOps` (default: real worker
+            processes); ``trio_agentd.testing.FakeSupervisorOps`` runs fake ones.
+        listener: where clients connect instead of the Unix socket (then no socket is bound,
+            watched or rebound); ``trio_agentd.testing.MemoryListener`` hands out in-memory
+            streams.
+    """
+
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        *,
+        worker_ops: Callable[[Supervisor], ProcessWorkerOps] | None = None,
+        listener: ClientListener | None = None,
+    ) -> None:
         self.config = config
         self.layout = config.layout()
         self.timing = config.timing
@@ -131,7 +155,9 @@ class Supervisor:
         )
         self.start_id = own_start_id()
         self.started_at = time.monotonic()
-        self.ops = ProcessWorkerOps(self.layout, self.ownership, self.timing)
+        self.ops = (ProcessWorkerOps(self.layout, self.ownership, self.timing)
+                    if worker_ops is None else worker_ops(self))
+        self._client_listener = listener
         self.sessions: dict[str, WorkerHandle] = {}
         # sessions killed in this supervisor's life and not made anew since: a resent command
         # of theirs is answered session_killed, not run in a new session
@@ -139,6 +165,9 @@ class Supervisor:
         self._sessions_stamp: int | None = None  # mtime of sessions/ at the last heal check
         self._loaded: list[tuple[WorkerHandle, bool, Mode]] = []
         self._create_lock = trio.Lock()
+        # sessions being removed (`trio-agentd rm`): a command for one waits until it is gone,
+        # then makes it anew
+        self._removing: dict[str, trio.Event] = {}
         self.shutdown_requested = trio.Event()
         self.stop_workers = config.stop_workers_on_exit
         self.restart_requested = False
@@ -154,6 +183,7 @@ class Supervisor:
         # repeated causes (EMFILE on every accept, an unreadable owner record on every
         # self-check) are logged once per LOG_RATE_INTERVAL, with a count
         self.rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
+        self._replacing: set[str] = set()  # sessions whose outdated worker is being replaced
 
     @property
     def service_nursery(self) -> trio.Nursery:
@@ -185,7 +215,8 @@ class Supervisor:
                 # listen: a client never meets a listener that sends no hello (it would
                 # take a starting supervisor for a wedged one)
                 self._load_descriptors()
-                self._bind()
+                if self._client_listener is None:
+                    self._bind()
                 async with trio.open_nursery() as service:
                     self._service = service
                     self.ops.nursery = service
@@ -194,13 +225,19 @@ class Supervisor:
                         self._clients = clients
                         # service tasks never end the daemon: an unexpected error is
                         # logged and the task starts again (_keep_running)
-                        service.start_soon(self._keep_running, "accept", self._accept_loop,
-                                           self._listen_sock)
+                        if self._client_listener is None:
+                            service.start_soon(self._keep_running, "accept", self._accept_loop,
+                                               self._listen_sock)
+                        else:
+                            service.start_soon(self._keep_running, "accept",
+                                               self._accept_from, self._client_listener)
                         service.start_soon(self._keep_running, "signals", self._signals)
                         service.start_soon(self._keep_running, "self-check",
                                            self._self_check_loop)
                         service.start_soon(self._keep_running, "idle sweep",
                                            self._idle_sweep_loop)
+                        service.start_soon(self._keep_running, "upgrade sweep",
+                                           self._upgrade_sweep_loop)
                         # adoption: every descriptor's session at once, in this one nursery
                         # (commands for a session wait until it is ready)
                         for h, alive, lifecycle in self._loaded:
@@ -334,6 +371,8 @@ class Supervisor:
         self._bound_ino = os.stat(path).st_ino
 
     def _close_listener(self, *, unlink: bool) -> None:
+        if self._client_listener is not None:
+            self._client_listener.close()
         sock = self._listen_sock
         self._listen_sock = None
         if sock is None:
@@ -406,6 +445,17 @@ class Supervisor:
             trio.SocketListener(sock), start, rl=self.rl, what="supervisor",
             shed_line=lambda e: encode(fail(None, exhaustion_error(OSError(e, os.strerror(e))))),
         )
+
+    async def _accept_from(self, listener: ClientListener) -> None:
+        """Accept clients from an injected listener until it is closed."""
+        assert self._clients is not None
+        while True:
+            try:
+                stream = await listener.accept()
+            except trio.ClosedResourceError:
+                return
+            self.clients_open += 1
+            self._clients.start_soon(self._serve_client, stream)
 
     # periodic -----------------------------------------------------------------------------
     async def _self_check_loop(self) -> None:
@@ -488,7 +538,7 @@ class Supervisor:
                         " %s", ", ".join(healed))
 
     async def _idle_sweep_loop(self) -> None:
-        """Stop the workers of idle sessions (SPEC §6); transcripts and descriptors stay."""
+        """Stop the workers of idle sessions; transcripts and descriptors stay."""
         t = self.timing
         if t.idle_eviction <= 0:
             return
@@ -511,6 +561,44 @@ class Supervisor:
                 # the worker declines it if a turn runs or waits (a direct route's prompt
                 # may have reached it since its last notice): the session then stays ready
                 h.request_stop(graceful=True, reason=StopReason.EVICT)
+
+    async def _upgrade_sweep_loop(self) -> None:
+        """Replace each adopted worker of another version (or protocol) with one of this
+        version once its session has been idle ``upgrade_idle`` (counted from the end of its
+        last turn, or from the adoption). Until then it serves as before; a worker that has a
+        turn running or queued declines, and is asked again once idle."""
+        t = self.timing
+        while True:
+            now = trio.current_time()
+            wake = t.upgrade_idle
+            for h in list(self.sessions.values()):
+                if not h.outdated or h.stopping or h.session_id in self._replacing:
+                    continue
+                idle = h.idle_for(now)
+                if idle >= t.upgrade_idle:
+                    self._replacing.add(h.session_id)
+                    self.service_nursery.start_soon(self._replace_outdated, h)
+                else:
+                    wake = min(wake, t.upgrade_idle - idle)
+            await trio.sleep(max(wake, 0.01))
+
+    async def _replace_outdated(self, h: WorkerHandle) -> None:
+        old_pid, old_version = h.pid, h.worker_version
+        try:
+            log.info("session %s: worker pid %s runs version %s (protocol %s) and the session"
+                     " is idle: replacing it with a worker of version %s", h.session_id,
+                     old_pid, old_version or "?", h.worker_protocol, APP_VERSION)
+            if not await h.replace_worker():
+                log.info("session %s: worker pid %s kept (a turn runs or another stop came);"
+                         " asked again once the session is idle", h.session_id, old_pid)
+                return
+            with trio.move_on_after(self.timing.worker_connect_timeout):
+                await h.mode.wait_value(lambda m: m not in (Mode.STOPPED, Mode.STARTING))
+            log.info("session %s: worker pid %s (version %s) replaced by pid %s (version %s,"
+                     " %s)", h.session_id, old_pid, old_version or "?", h.pid, h.worker_version,
+                     h.mode.value)
+        finally:
+            self._replacing.discard(h.session_id)
 
     async def _signals(self) -> None:
         """Every signal that would otherwise end the supervisor without a word is handled and
@@ -586,6 +674,8 @@ class Supervisor:
         ``cwd_given``: the user chose ``cwd`` (``--cwd``); an existing session with another
         working directory is then refused, naming it (a new one starts there)."""
         check_session_id(session_id)
+        while (removing := self._removing.get(session_id)) is not None:
+            await removing.wait()  # a command during `rm` comes after it: a new session
         known = self.sessions.get(session_id)
         if known is not None and (agent is None or agent == known.agent):
             if cwd_given and cwd is not None:
@@ -672,7 +762,7 @@ class Supervisor:
             home=str(self.layout.home),
         )
 
-    async def _serve_client(self, stream: trio.SocketStream) -> None:
+    async def _serve_client(self, stream: trio.abc.Stream) -> None:
         """Serve one client connection. Nothing a client sends or does can escape from here."""
         ms = MessageStream(stream)
         try:
@@ -840,6 +930,9 @@ class Supervisor:
                 stopped = victim.retired.is_set()
                 return {"session": sid, "killed": stopped,
                         "state": "killed" if stopped else str(victim.mode.value)}
+            case "remove_session":
+                return await self._remove_session(_str_arg(args, "session"),
+                                                  force=args.get("force") is True)
             case "retry_session":
                 again = self._known(_str_arg(args, "session"))
                 again.retry()
@@ -856,8 +949,79 @@ class Supervisor:
                 raise AgentdError(
                     ErrorCode.UNKNOWN_OP,
                     f"unknown op {req.op!r} — known: ping, status, create_session, prompt,"
-                    " route, cancel, sessions, kill_session, retry_session, restart, shutdown",
+                    " route, cancel, sessions, kill_session, remove_session, retry_session,"
+                    " restart, shutdown",
                 )
+
+    async def _remove_session(self, sid: str, *, force: bool) -> dict[str, Any]:
+        """``trio-agentd rm``: stop the session (refused while a turn runs, unless ``force``,
+        which kills the turn), forget it, and delete its data: the session dir (metadata,
+        transcript, logs, outputs), its journal, descriptor and token. A command for the
+        session that arrives meanwhile waits, then finds no session and makes a new one.
+        """
+        check_session_id(sid)
+        if sid in self._removing:
+            raise AgentdError(ErrorCode.SESSION_BUSY, f"session {sid} is being removed already")
+        L = self.layout
+        done = self._removing[sid] = trio.Event()
+        try:
+            h = self.sessions.get(sid)
+            session_dir = L.session_dir(sid)
+            if h is None and not session_dir.is_dir() and not L.journal_path(sid).exists():
+                raise AgentdError(ErrorCode.UNKNOWN_SESSION,
+                                  f"no session {sid!r} — `trio-agentd sessions` lists them")
+            if h is None:
+                self._claim_session(sid, read_meta(session_dir))  # not one another runs
+            else:
+                await self._stop_for_removal(h, force=force)
+            log.info("session %s removed%s", sid, " (--force)" if force else "")
+            self.killed.add(sid)  # a resent command of it is not run in a new session
+            self.ops.forget(sid)
+            with contextlib.suppress(FileNotFoundError):
+                L.journal_path(sid).unlink()
+            if session_dir.is_dir() and not session_dir.is_symlink():
+                import shutil
+
+                shutil.rmtree(session_dir)
+            return {"session": sid, "removed": True}
+        finally:
+            del self._removing[sid]
+            done.set()
+
+    async def _stop_for_removal(self, h: WorkerHandle, *, force: bool) -> None:
+        """Stop ``h``'s worker for good and forget the session. Without ``force`` the worker
+        itself declines while a turn runs or waits (as an eviction: no turn is ever cut)."""
+        sid = h.session_id
+        bound = 2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 1
+        if not force and h.mode.value not in (Mode.STOPPED, Mode.FAILED):
+            h.request_stop(graceful=True, reason=StopReason.EVICT)
+            with trio.move_on_after(bound):
+                await h.wait_stop_handled()
+            if h.mode.value is Mode.READY:  # the worker declined: a turn runs or waits
+                raise AgentdError(
+                    ErrorCode.SESSION_BUSY,
+                    f"session {sid} is running a turn — wait for it, `trio-agentd cancel"
+                    f" {sid}`, or `trio-agentd rm --force {sid}`", {"session": sid})
+            if h.mode.value not in (Mode.STOPPED, Mode.FAILED):
+                raise AgentdError(
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"session {sid} did not stop within {bound:g}s (it is"
+                    f" {h.mode.value}); nothing was deleted — try again, or `trio-agentd rm"
+                    f" --force {sid}`", {"session": sid})
+        h.request_stop(graceful=True, reason=StopReason.KILL)  # ends a running turn at once
+        with trio.move_on_after(bound):
+            await h.wait_stop_handled()
+        if h.mode.value is not Mode.STOPPED and h.pid is not None and is_alive(
+            h.pid, h.start_id
+        ):
+            raise AgentdError(
+                ErrorCode.WORKER_UNAVAILABLE,
+                f"session {sid}: its worker pid {h.pid} did not stop; nothing was deleted —"
+                " see `trio-agentd ps` and `trio-agentd doctor`", {"session": sid})
+        if self.sessions.get(sid) is h:
+            del self.sessions[sid]
+        h.cancel_scope.cancel()
+        h.retire()
 
     async def _route(self, args: dict[str, Any]) -> dict[str, Any]:
         """The data plane's entry: make the session ready (creating or recovering it) and grant
@@ -874,8 +1038,9 @@ class Supervisor:
                 raise _killed_while_sent(session)
             h = await self.get_session(
                 _opt_str(args, "session") or "default", _opt_str(args, "agent"),
-                _opt_str(args, "cwd"), create=True, env=_opt_env(args),
-                cwd_given=args.get("cwd_given") is True,
+                # ``existing`` (a follower): never a new session
+                _opt_str(args, "cwd"), create=args.get("existing") is not True,
+                env=_opt_env(args), cwd_given=args.get("cwd_given") is True,
             )
             h.touch()
             try:
@@ -921,21 +1086,22 @@ class Supervisor:
 
     def _rearm_if_exhausted(self, h: WorkerHandle) -> None:
         """A session that failed only because its worker could not be started for want of
-        resources (descriptors, processes, memory) is started again by the next command:
-        that failure was the command's, not the session's."""
+        resources (descriptors, processes, memory, room on disk) is started again by the
+        next command: that failure was the command's, not the session's."""
         if h.mode.value is Mode.FAILED and self.ops.exhausted.get(h.session_id) is not None:
             log.info("session %s: trying to start it again (its last start ran out of"
                      " resources)", h.session_id)
             h.retry()
 
     def _exhausted_instead(self, h: WorkerHandle, exc: AgentdError) -> AgentdError:
-        """``resource_exhausted`` (naming the limit) for a session whose worker could not be
-        started for want of resources; ``exc`` otherwise."""
+        """``resource_exhausted`` (naming the limit) or ``storage_error`` (naming the file)
+        for a session whose worker could not be started for want of resources or room;
+        ``exc`` otherwise."""
         if exc.code == ErrorCode.WORKER_UNAVAILABLE:
             why = self.ops.exhausted.get(h.session_id)
             if why is not None:
                 return AgentdError(
-                    ErrorCode.RESOURCE_EXHAUSTED,
+                    why.code,  # resource_exhausted, or storage_error (no room for its files)
                     f"{why.message} (the next command tries again)",
                     why.details,
                 )
@@ -1098,7 +1264,7 @@ def _guess_id(line: bytes) -> RequestId | None:
     return request_id_of(line)
 
 
-def _peer_uid(stream: trio.SocketStream) -> int | None:
+def _peer_uid(stream: trio.abc.Stream) -> int | None:
     creds = peer_credentials(stream)
     return None if creds is None else creds[1]
 

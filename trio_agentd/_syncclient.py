@@ -17,7 +17,7 @@ from ._depth import MAX_DEPTH, nesting_depth
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout, check_socket_path
 from ._trust import prove_peer, prove_socket_dir
-from ._version import PROTOCOL_VERSION
+from ._version import APP_VERSION, PROTOCOL_VERSION
 from ._wirestr import TAG_IN_FRAME, from_wire, to_wire
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
@@ -289,6 +289,15 @@ def probe(
     return conn, hello
 
 
+def version_mismatch(layout: Layout, hello: dict[str, Any]) -> AgentdError:
+    return AgentdError(
+        ErrorCode.VERSION_MISMATCH,
+        f"the supervisor on {layout.socket} runs trio-agentd {hello.get('app_version')}"
+        f" (protocol {hello.get('protocol')}), this client is {APP_VERSION} (protocol"
+        f" {PROTOCOL_VERSION}) — run `trio-agentd restart` to replace it with {APP_VERSION}",
+    )
+
+
 class SyncClient:
     """One connection to the supervisor, autostarting it if needed."""
 
@@ -317,14 +326,20 @@ class SyncClient:
             raise AgentdError(
                 ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor is running on {self.layout.socket}"
             )
+        hello = got[1]
+        if self.autostart and (
+            hello.get("app_version") != APP_VERSION or hello.get("protocol") != PROTOCOL_VERSION
+        ):
+            # an upgrade: a supervisor of an older installation is handed over to one of ours
+            from ._autostart import hand_over, is_older
+
+            if is_older(hello):
+                got[0].close()
+                got = hand_over(self.layout, self.timing, progress=self.progress)
         self._conn, self.hello = got
         if self.hello.get("protocol") != PROTOCOL_VERSION:
-            raise AgentdError(
-                ErrorCode.VERSION_MISMATCH,
-                f"the supervisor speaks protocol {self.hello.get('protocol')}"
-                f" (app {self.hello.get('app_version')}), this client speaks {PROTOCOL_VERSION}"
-                " — run `trio-agentd restart`",
-            )
+            self.close()
+            raise version_mismatch(self.layout, self.hello)
         try:
             self.layout.check_served_home(self.hello.get("home"))
         except AgentdError:
@@ -388,7 +403,13 @@ class SyncClient:
                     self.connect()
                 assert self._conn is not None
                 self._conn.send(frame)
-                return _await_response(self._conn, rid, on_event)
+                watch = _Liveness(
+                    self.timing,
+                    {"type": "request", "id": f"ping-{rid}", "client_id": self.client_id,
+                     "op": "ping", "args": {}},
+                    "", self.hello.get("pid"), socket=self.layout.socket,
+                )
+                return _await_response(self._conn, rid, on_event, watch)
             except (OSError, _Lost) as exc:
                 self.close()
                 if time.monotonic() + delay > deadline:
@@ -534,17 +555,24 @@ class _Liveness:
     with nothing arriving, ping it; if nothing at all arrives within ``link_ping_timeout`` of
     the ping, it is unresponsive (stopped, or its event loop blocked) — a worker whose loop
     runs answers at once, however long its turn is silent. Time spent in ``on_event`` (the
-    caller's own pace) never counts as silence: only time waiting in ``recv``."""
+    caller's own pace) never counts as silence: only time waiting in ``recv``.
 
-    __slots__ = ("pid", "ping", "session", "timing")
+    The same watch guards a request to the supervisor (``supervisor=True``): a command it
+    works on for long is fine (it answers pings meanwhile), a supervisor stopped or blocked
+    after the hello is not waited on forever — after ``patience`` without even a ping's
+    answer the request fails, naming ``doctor --fix``."""
+
+    __slots__ = ("pid", "ping", "session", "socket", "timing")
 
     def __init__(
-        self, timing: Timing | ClientTiming, ping: dict[str, Any], session: str, pid: object
+        self, timing: Timing | ClientTiming, ping: dict[str, Any], session: str, pid: object,
+        *, socket: str | None = None,
     ) -> None:
         self.timing = timing
         self.ping = ping
         self.session = session
         self.pid = pid
+        self.socket = socket  # set: this watches the supervisor on that socket
 
     def read(self, conn: _Conn) -> dict[str, Any] | None:
         """The next message, pinging a silent worker.
@@ -556,11 +584,19 @@ class _Liveness:
             return conn.read_message(self.timing.link_ping_interval)
         except TimeoutError:
             pass
-        timeout = self.timing.link_ping_timeout
+        timeout = self.timing.link_ping_timeout if self.socket is None else self.timing.patience
         try:
             conn.send(self.ping, timeout)
             return conn.read_message(timeout)
         except TimeoutError:
+            if self.socket is not None:
+                raise AgentdError(
+                    ErrorCode.DAEMON_UNAVAILABLE,
+                    f"the supervisor (pid {self.pid}) on {self.socket} answers nothing, not even"
+                    f" a ping within {timeout:g}s (stopped, or its event loop is blocked) — run"
+                    ' "trio-agentd doctor --fix"',
+                    {"wedged": True, "pid": self.pid},
+                ) from None
             raise AgentdError(
                 ErrorCode.WORKER_UNRESPONSIVE,
                 f"session {self.session}: its worker (pid {self.pid}) answers nothing, not even"

@@ -176,7 +176,10 @@ def isolated_python(module: str) -> list[str]:
 # --- what reaches an agent ---------------------------------------------------------------------
 
 # the daemon's own knobs a worker reads at start (and then removes from its environment)
-WORKER_KNOBS = ("TRIO_AGENTD_TIMING", "TRIO_AGENTD_REFENCE_POLL")
+WORKER_KNOBS = (
+    "TRIO_AGENTD_TIMING", "TRIO_AGENTD_REFENCE_POLL", "TRIO_AGENTD_LOG_MAX_BYTES",
+    "TRIO_AGENTD_LOG_BACKUPS",
+)
 
 
 def agent_environment(env: Mapping[str, str]) -> dict[str, str]:

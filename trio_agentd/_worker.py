@@ -19,6 +19,7 @@ abandon an accepted command: the retry on the next connection waits for it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hmac
@@ -29,15 +30,16 @@ import signal
 import socket as _socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from trio_util import AsyncValue
 
 from . import _fs, _journal
+from ._defaults import FOLLOW_MAX_BYTES
 from ._errors import AgentdError, ErrorCode
 from ._fence import Claim, Fence
 from ._grant import check_grant
@@ -61,6 +63,7 @@ from ._output import (
     stored_pieces,
 )
 from ._protocol import (
+    APP_VERSION,
     MAX_IN_FLIGHT,
     Attach,
     Auth,
@@ -75,6 +78,7 @@ from ._protocol import (
     ok,
     request_id_of,
 )
+from ._rotate import Limits
 from ._session import Transcript
 from ._storage import REMEDY, errno_name, retried, storage_error, write_all
 from ._stream import MessageStream
@@ -301,7 +305,7 @@ class Journal:
             self._durable_changed = trio.Event()
 
     def _flush_failed(self, exc: OSError) -> None:
-        """A flush failed: nothing after the last good one can be trusted (SPEC: fsync errors
+        """A flush failed: nothing after the last good one can be trusted (fsync errors
         are reported once and the data may be gone). Cut back to it; keep what ran."""
         self._failed(exc)
         self._lost.append((self._durable, self.written, exc))
@@ -430,6 +434,85 @@ class _Running:
         return self.stream or any(out.size > INLINE_MAX for out in self.outputs.values())
 
 
+class _Follower:
+    """One ``logs -f`` subscriber: the events it has not been sent yet, at most ``max_bytes``
+    of output. Pushing never waits: one that falls further behind is let go (``dropped``)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.queue: collections.deque[dict[str, Any]] = collections.deque()
+        self.size = 0
+        self.dropped = False
+        self.ready = trio.Event()
+
+    def push(self, event: dict[str, Any], size: int = 0) -> None:
+        if self.dropped:
+            return
+        if self.size and self.size + size > self.max_bytes:  # (one piece always fits)
+            self.dropped = True
+            self.queue.clear()
+            self.size = 0
+        else:
+            self.queue.append(event)
+            self.size += size
+        self.ready.set()
+
+    async def next(self) -> tuple[dict[str, Any], int] | None:
+        """The next event and its size; ``None`` once dropped."""
+        while not self.queue and not self.dropped:
+            await self.ready.wait()
+            self.ready = trio.Event()
+        if self.dropped:
+            return None
+        event = self.queue.popleft()
+        size = len(event["data"]) if event.get("kind") == "chunk" else 0
+        return event, size
+
+    def done(self, size: int) -> None:
+        """``size`` bytes of output were sent on: room for as many more."""
+        self.size -= size
+
+
+class Followers:
+    """Who follows the session's turns as they stream (``follow``), and the turn they see.
+
+    The turn calls :meth:`chunk` for every piece of output and the worker :meth:`turn_done`
+    at each turn's end; both only append to bounded queues (see :class:`_Follower`).
+    """
+
+    def __init__(self, max_bytes: int = FOLLOW_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.all: set[_Follower] = set()
+        self.current: dict[str, Any] | None = None  # the streaming turn's start event
+
+    def add(self) -> _Follower:
+        follower = _Follower(self.max_bytes)
+        self.all.add(follower)
+        return follower
+
+    def remove(self, follower: _Follower) -> None:
+        self.all.discard(follower)
+
+    def _push(self, event: dict[str, Any], size: int = 0) -> None:
+        for follower in self.all:
+            follower.push(event, size)
+
+    def chunk(self, command: list[Any], turn: int, prompt: Callable[[], str | None], at: int,
+              data: bytes) -> None:
+        if self.current is None or self.current["command"] != command:
+            self.current = {"kind": "turn_started", "turn": turn, "command": command,
+                            "prompt": prompt()}
+            self._push(self.current)
+        if not self.all:
+            return
+        self._push({"kind": "chunk", "turn": turn, "command": command, "at": at,
+                    "data": data}, len(data))
+
+    def turn_done(self, turns: int) -> None:
+        self.current = None
+        self._push({"kind": "turn_done", "turns": turns})
+
+
 class WorkerCore:
     """Everything a worker does, over any stream; the process shell only adds the socket.
 
@@ -501,6 +584,7 @@ class WorkerCore:
         self._memory_turns = 0
         self._memory_done: dict[_journal.Key, Any] = {}
         self._memory_cancelled: set[_journal.Key] = set()  # without a journal
+        self.followers = Followers()  # `logs -f`: turns as they stream
 
     @property
     def turns(self) -> int:
@@ -590,6 +674,10 @@ class WorkerCore:
             self.journal.append(_journal.group(k[0], k[1], group))
 
     def _recover_pending(self) -> None:
+        if self.transcript is not None:
+            pending = len(self.journal.state.pending()) if self.journal is not None else 0
+            self.transcript.event("worker_started", pid=self.pid,
+                                  **({"recovering": pending} if pending else {}))
         if self.journal is None:
             return
         state = self.journal.state
@@ -597,7 +685,7 @@ class WorkerCore:
             # the transcript is a view of the journal, written without its own fsync: bring it
             # up to date with every completed turn the journal made durable
             for k, result in state.completed.items():
-                if k in self.transcript.keys or not isinstance(result, dict):
+                if not isinstance(result, dict) or self.transcript.has(k, result.get("turn")):
                     continue
                 if not isinstance(result.get("turn"), int):
                     continue
@@ -647,6 +735,12 @@ class WorkerCore:
             )
             log.warning("command %s was interrupted by a worker restart (%s)", k,
                         "it had started" if started else "it never started")
+            if self.transcript is not None:
+                text = rec.get("args", {}).get("text")
+                self.transcript.event(
+                    "interrupted", command=list(k), started=started,
+                    prompt=text if isinstance(text, str) else None,
+                    error=interrupted_error(k, started=started).message)
 
     async def _replay(self, k: _journal.Key, rec: dict[str, Any], running: _Running) -> None:
         await self._turn.acquire()
@@ -662,7 +756,8 @@ class WorkerCore:
         ms = MessageStream(stream)
         try:
             await ms.send(
-                WorkerHello(session=self.session_id, pid=self.pid, start_id=self.start_id)
+                WorkerHello(session=self.session_id, pid=self.pid, start_id=self.start_id,
+                            app_version=APP_VERSION)
             )
             msg = None
             with trio.move_on_after(self.timing.auth_timeout):
@@ -865,7 +960,7 @@ class WorkerCore:
                 return
             await self._drop(conn, "supervisor claim no longer valid")
             return
-        if conn.direct and req.op not in ("prompt", "cancel", "ping", "status"):
+        if conn.direct and req.op not in ("prompt", "cancel", "ping", "status", "follow"):
             await self._respond(conn, fail(req.id, AgentdError(
                 ErrorCode.UNKNOWN_OP, f"op {req.op!r} is not served on a direct route")))
             return
@@ -876,6 +971,8 @@ class WorkerCore:
                 await self._respond(conn, ok(req.id, self.status()))
             case "cancel":
                 await self._cancel(conn, req)
+            case "follow":
+                await self._follow(conn, req)
             case "stop":
                 await self._respond(conn, ok(req.id, self._stop(req.args)))
             case _:
@@ -1021,6 +1118,8 @@ class WorkerCore:
 
     def _notify(self, notice: Notice) -> None:
         """Tell the supervisor (if one is connected) without waiting for it."""
+        if notice.kind == "turn_done":
+            self.followers.turn_done(self.turns)
         conn = self.current
         if conn is not None and not conn.dropped:
             conn.notice = notice
@@ -1040,6 +1139,8 @@ class WorkerCore:
             output = running.outputs[stream]
             at = output.size
             output.add(data)  # OSError (a full disk): the turn fails, storage_error
+            if stream == STDOUT:  # followers get the reply as it streams; the rest at the end
+                self._follow_chunk(running, at, data)
             listener = running.listener
             if listener is None or listener.dropped or not running.wants_chunks():
                 return
@@ -1050,6 +1151,61 @@ class WorkerCore:
                 await self._send_chunk(listener, running.request_id, at + offset, piece, stream,
                                        raw=running.raw)
             running.sent_to[stream] = at + len(data)
+
+    def _follow_chunk(self, running: _Running, at: int, data: bytes) -> None:
+        """Pass a piece of the running turn's output on to its followers (never waits)."""
+        key = next((k for k, r in self._running.items() if r is running), None)
+        if key is None:
+            return
+
+        def prompt() -> str | None:
+            if self.journal is None:
+                return None
+            text = self.journal.state.accepted.get(key, {}).get("args", {}).get("text")
+            return text if isinstance(text, str) else None
+
+        self.followers.chunk(list(key), self.turns + 1, prompt, at, data)
+
+    async def _follow(self, conn: _Conn, req: Request) -> None:
+        """``follow``: the running turn so far, then every turn's output as it streams (chunk
+        events) and each turn's end, until the connection closes. A follower never slows a
+        turn: one more than ``FOLLOW_MAX_BYTES`` behind gets ``follower_behind`` and is let go.
+        """
+        follower = self.followers.add()
+        try:
+            current = self.followers.current
+            running = self._turn_running
+            if current is not None and running is not None:
+                upto = running.outputs[STDOUT].size  # what the live events do not carry
+                # a follower that comes back (it fell behind) has seen the turn up to ``at``
+                seen = req.args.get("at") if req.args.get("command") == current["command"] else 0
+                start = seen if isinstance(seen, int) and 0 <= seen <= upto else 0
+                await self._respond(conn, Event(id=req.id, event=current))
+                for at, piece in running.outputs[STDOUT].read(start):
+                    if at >= upto:
+                        break
+                    piece = piece[: upto - at]
+                    await self._respond(conn, Event(id=req.id, event={
+                        **chunk_event(at, piece), "turn": current["turn"],
+                        "command": current["command"]}))
+            await self._respond(conn, Event(id=req.id, event={
+                "kind": "following", "session": self.session_id, "pid": self.pid,
+                "turns": self.turns}))
+            while True:
+                got = await follower.next()
+                if got is None:
+                    await self._respond(conn, fail(req.id, AgentdError(
+                        ErrorCode.FOLLOWER_BEHIND,
+                        f"fell more than {follower.max_bytes} bytes behind the output of session"
+                        f" {self.session_id}; the turn went on without us — `trio-agentd logs"
+                        f" {self.session_id}` shows it",
+                        {"limit": follower.max_bytes})))
+                    return
+                event, size = got
+                await self._respond(conn, Event(id=req.id, event=event))
+                follower.done(size)
+        finally:
+            self.followers.remove(follower)
 
     async def _catch_up(self, running: _Running) -> None:
         """Send the listener what it has not been sent yet (the caller holds the lock)."""
@@ -1277,6 +1433,7 @@ class WorkerCore:
     def _outcome(self, running: _Running, record: bytes) -> int:
         """Journal the outcome of a turn that ran: its sequence number (0: nothing to wait
         for). If it cannot be written it is kept, and its client told so."""
+        self._transcribe_end(running, record)
         if self.journal is None:
             return 0
         try:
@@ -1284,6 +1441,26 @@ class WorkerCore:
         except AgentdError as exc:
             running.error = _ran(exc)
             return 0
+
+
+    def _transcribe_end(self, running: _Running, record: bytes) -> None:
+        """A turn that did not complete is an event in the transcript (``cancelled``,
+        ``killed`` or ``failed``, with its error), so its history shows it."""
+        error = running.error
+        if self.transcript is None or error is None:
+            return
+        kinds: dict[str, str] = {ErrorCode.COMMAND_CANCELLED: "cancelled",
+                                 ErrorCode.SESSION_KILLED: "killed"}
+        kind = kinds.get(error.code, "failed")
+        rec = json.loads(record)
+        k = _journal.key_of(str(rec.get("client_id", "")), rec.get("id", ""))
+        text = None
+        if self.journal is not None:
+            text = self.journal.state.accepted.get(k, {}).get("args", {}).get("text")
+        self.transcript.event(
+            kind, turn=self.turns + 1, command=list(k),
+            prompt=text if isinstance(text, str) else None, bytes=running.outputs[STDOUT].size,
+            error=error.message)
 
 
 def _kept_output(record: dict[str, Any]) -> dict[str, Any]:
@@ -1303,6 +1480,37 @@ async def _closing(chunks: AsyncIterator[Chunk]) -> AsyncIterator[None]:
         if aclose is not None:
             with trio.move_on_after(10, shield=True):
                 await aclose()
+
+
+class RegistryWatcher(Protocol):
+    """What the re-fence needs of a registry watcher: ``_inotify.Watcher``, or a fake one
+    (``trio_agentd.testing.FakeWatcher``)."""
+
+    def watch(self, path: Path) -> bool: ...
+
+    async def wait(self) -> None: ...
+
+
+def watched_refence(
+    watcher: RegistryWatcher, registry: Path, timing: Timing,
+    conns: Callable[[], Iterable[_Conn]],
+) -> tuple[Callable[[str], None], Callable[[], Awaitable[None]]]:
+    """``(watch_claims, wait_change)`` for a :class:`WorkerCore` that re-fences when the
+    registry changes: an authenticated supervisor's record dir is watched, and the re-fence
+    loop waits for a change, or ``refence_fallback`` at most (a change not reported)."""
+
+    def watch_claims(generation: str) -> None:
+        watcher.watch(registry)
+        watcher.watch(registry / f"{generation}.owner")
+
+    async def wait_change() -> None:
+        with trio.move_on_after(timing.refence_fallback):
+            await watcher.wait()
+        # a record dir that was removed and made again needs its watch again
+        for conn in conns():
+            watcher.watch(registry / f"{conn.fence.claim.generation}.owner")
+
+    return watch_claims, wait_change
 
 
 def _registry_watcher(registry: Path, *, poll: bool) -> Any:
@@ -1379,6 +1587,7 @@ async def run_worker(
     on_ready: Callable[[], None] = lambda: None,
     *,
     poll_refence: bool = False,
+    log_limits: Limits | None = None,
 ) -> None:
     """The worker process's main: bind the private socket, serve until stopped or signalled."""
     from ._fs import read_bytes
@@ -1387,21 +1596,12 @@ async def run_worker(
     registry = Path(config.registry)
     agent = load_agent(config.agent, config.agent_path)
     watcher = _registry_watcher(registry, poll=poll_refence)
-
-    def watch_claims(generation: str) -> None:
-        if watcher is not None:
-            watcher.watch(registry)
-            watcher.watch(registry / f"{generation}.owner")
-
-    async def wait_change() -> None:
-        assert watcher is not None
-        with trio.move_on_after(timing.refence_fallback):
-            await watcher.wait()
-        # a record dir that was removed and made again needs its watch again
-        for conn in core.conns:
-            watcher.watch(registry / f"{conn.fence.claim.generation}.owner")
+    watch_claims, wait_change = (
+        watched_refence(watcher, registry, timing, lambda: core.conns)
+        if watcher is not None else (None, None)
+    )
     journal = Journal(Path(config.journal))
-    transcript = Transcript(Path(config.session_dir))
+    transcript = Transcript(Path(config.session_dir), limits=log_limits or Limits())
     core = WorkerCore(
         session_id=config.session_id,
         agent=agent,
@@ -1413,8 +1613,8 @@ async def run_worker(
         cwd=Path(config.cwd),
         timing=timing,
         peer_pid=_so_peercred_pid,
-        watch_claims=watch_claims if watcher is not None else None,
-        wait_change=wait_change if watcher is not None else None,
+        watch_claims=watch_claims,
+        wait_change=wait_change,
     )
     path = config.worker_socket
     prove_socket_dir(os.path.dirname(path))  # never bind where another user can listen
@@ -1471,6 +1671,8 @@ async def run_worker(
             if stopped_by:  # an operator's signal: a clean stop, which the supervisor is told
                 await core.announce_stopped(f"stopped cleanly on signal {stopped_by[0]}")
             nursery.cancel_scope.cancel()
+    transcript.event("worker_stopped", pid=os.getpid(),
+                     **({"signal": stopped_by[0]} if stopped_by else {}))
     transcript.sync()
     transcript.close()
     try:
@@ -1515,11 +1717,13 @@ def main() -> None:
 
     timing = timing_from_env()
     poll = os.environ.get("TRIO_AGENTD_REFENCE_POLL") == "1"
+    log_limits = _rotating_log(Path(config.session_dir) / "worker.log")
     # no variable of the daemon's reaches an agent (the session's environment stays)
     for name in [k for k in os.environ if k.startswith("TRIO_AGENTD_")]:
         del os.environ[name]
     try:
-        trio.run(functools.partial(run_worker, config, timing, _signal_ready, poll_refence=poll))
+        trio.run(functools.partial(run_worker, config, timing, _signal_ready, poll_refence=poll,
+                                   log_limits=log_limits))
     except AgentLoadError as exc:
         # the whole traceback here, in worker.log; one line to the supervisor, which answers
         # the prompt with it and marks the session failed (never a restart loop)
@@ -1543,6 +1747,31 @@ def _signal_failed(cause: str) -> None:
         cause = cause[: FAILED_LINE_MAX // 2 - 1] + "…"
     with contextlib.suppress(OSError):
         os.write(1, b"failed " + json.dumps(cause).encode() + b"\n")
+
+
+def _rotating_log(path: Path) -> Limits:
+    """Log to ``worker.log`` (our stderr) through a size-bounded handler; stderr follows it to
+    each new file, so what is written there directly stays bounded too. The limits (for the
+    transcript too)."""
+    from ._rotate import RotatingLog, limits_from_env
+
+    try:
+        limits = limits_from_env()
+    except ValueError as exc:
+        limits = Limits()
+        log.warning("%s; using %d bytes x %d", exc, limits.max_bytes, limits.backups)
+    try:
+        handler = RotatingLog(path, limits, stdio=(2,))
+    except (OSError, _fs.UntrustedFile) as exc:
+        log.warning("worker.log: %s; logging to stderr without rotation", exc)
+        return limits
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s worker[%(process)d] %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    return limits
 
 
 def _signal_ready() -> None:

@@ -203,6 +203,29 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("retry", help="re-arm a session marked failed")
     r.add_argument("session")
 
+    lg = sub.add_parser(
+        "logs", help="a session's history (-f: follow it live), or the supervisor's log",
+        description="Print SESSION's transcript: each turn's prompt, its output (the bytes"
+        " exactly), stderr and exit status, and events (worker started/stopped, turns"
+        " cancelled, killed, failed or interrupted by a restart). -f then follows new turns as"
+        " they stream, whichever client sends them. --daemon prints the supervisor's log.",
+        epilog=_EXIT_EPILOG,
+    )
+    lg.add_argument("session", nargs="?", metavar="SESSION")
+    lg.add_argument("-n", "--lines", type=int, default=None, metavar="N",
+                    help="only the last N turns (with --daemon: lines)")
+    lg.add_argument("-f", "--follow", action="store_true", help="follow as it grows")
+    lg.add_argument("--json", action="store_true", help="one JSON object per line")
+    lg.add_argument("--daemon", action="store_true", help="the supervisor's log (daemon.log)")
+
+    rm = sub.add_parser("rm", help="stop a session and delete its data",
+                        description="Stop SESSION's worker if it runs, forget the session and"
+                        " delete its data (transcript, logs, outputs, journal). Refused while a"
+                        " turn runs, unless --force (which kills the turn first). The id may"
+                        " then be used again: for a brand-new session.")
+    rm.add_argument("session")
+    rm.add_argument("--force", action="store_true", help="kill a running turn first")
+
     for name in ("ps", "status"):
         ps = sub.add_parser(name, help="every supervisor found, with its status")
         ps.add_argument("--json", action="store_true")
@@ -362,6 +385,14 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
                       if isinstance(done, dict) and done.get("cancelled")
                       else f"session {args.session} runs no turn")
                 return EXIT_OK
+            case "logs":
+                return _cmd_logs(layout, args)
+            case "rm":
+                _client(layout).request(
+                    "remove_session", {"session": _session_arg(args.session),
+                                       "force": args.force}, retry_for=0)
+                print(f"removed session {args.session}")
+                return EXIT_OK
             case "retry":
                 _client(layout).request("retry_session", {"session": args.session})
                 print(f"re-armed session {args.session}")
@@ -374,6 +405,9 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
                 return _cmd_ps(layout, args)
             case "doctor":
                 return _cmd_doctor(layout, args)
+    except UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
     except AgentdError as exc:
         _error(exc.message)
         if args.command == "prompt":
@@ -621,6 +655,44 @@ def _session_cwd(given: str | None) -> dict[str, Any] | int:
     return {"cwd": path, "cwd_given": True}
 
 
+def _session_arg(session: str) -> str:
+    if not is_session_id(session):
+        raise UsageError(f"invalid session id {session!r}: use {SESSION_ID_RULE}")
+    return session
+
+
+def _cmd_logs(layout: Layout, args: argparse.Namespace) -> int:
+    from . import _logs
+
+    if args.lines is not None and args.lines < 0:
+        raise UsageError("-n needs a whole number >= 0")
+    out = _Answer().write_bytes
+    if args.daemon:
+        if args.session is not None:
+            raise UsageError("logs --daemon takes no SESSION")
+        if args.json:
+            raise UsageError("logs --daemon has no --json (the log is lines of text)")
+        _logs.follow_daemon_log(layout.log_path, out, last=args.lines, follow=args.follow)
+        return EXIT_OK
+    if args.session is None:
+        raise UsageError("logs needs SESSION (or --daemon for the supervisor's log)")
+    session_dir = _logs.session_dir_of(layout, _session_arg(args.session))
+    printer = _logs.Printer(out, as_json=args.json)
+    if not args.follow:
+        _logs.print_history(printer, session_dir, args.lines)
+        return EXIT_OK
+    follower = _logs.Follower(printer, session_dir)  # from here on: nothing is missed
+    try:
+        _logs.print_history(printer, session_dir, args.lines, follower.tail)
+        client = _client(layout)
+        _logs.follow_session(layout, args.session, follower, client=client,
+                             notice=lambda line: print(f"trio-agentd: {line}",
+                                                       file=sys.stderr, flush=True))
+    finally:
+        follower.close()
+    return EXIT_OK
+
+
 def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:
     client = _client(layout)
     rows = client.request("sessions")
@@ -633,12 +705,14 @@ def _cmd_sessions(layout: Layout, args: argparse.Namespace) -> int:
         return EXIT_OK
     from ._text import printable
 
-    headers = ["SESSION", "AGENT", "STATE", "PID", "RESTARTS", "TURNS", "IDLE", "CAUSE"]
-    # every cell escaped: an agent spec may carry ANSI/OSC sequences or bidi overrides
+    headers = ["SESSION", "AGENT", "STATE", "PID", "VERSION", "RESTARTS", "TURNS", "IDLE",
+               "CAUSE"]
+    # every cell escaped: an agent spec may carry ANSI/OSC sequences or bidi overrides; the
+    # version is the worker's own word (its hello)
     table = [
         [printable(str(c)) for c in (
-            r["session"], r["agent"], r["state"], r["pid"] or "-", r["restarts"], r["turns"],
-            f"{r['idle_s']:.0f}s", r.get("cause") or "")]
+            r["session"], r["agent"], r["state"], r["pid"] or "-", r.get("version") or "-",
+            r["restarts"], r["turns"], f"{r['idle_s']:.0f}s", r.get("cause") or "")]
         for r in rows
     ]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
@@ -685,8 +759,22 @@ def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
 def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
     import time
 
+    from ._autostart import is_ours
+    from ._defaults import CLIENT
+    from ._paths import check_socket_path
     from ._syncclient import SyncClient, probe
 
+    check_socket_path(layout.socket)
+    got = probe(layout, patience=CLIENT.patience)
+    if got is None:
+        _error(f"no supervisor running on {layout.socket} — the next command starts one")
+        return EXIT_FAIL
+    got[0].close()
+    layout.check_served_home(got[1].get("home"))
+    if not is_ours(got[1]):
+        # another version: its own restart would start its own code again; hand the socket
+        # over to a supervisor of this installation instead, at once (turns go on)
+        return _hand_over_now(layout, got[1], as_json=args.json)
     client = _client_or_none(layout)
     if client is None:
         _error(f"no supervisor running on {layout.socket} — the next command starts one")
@@ -717,6 +805,30 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
         print(json.dumps(entry))
     else:
         print(f"restarted supervisor on {layout.socket}: pid {old['pid']} → {hello['pid']},"
+              f" {len(rows)} sessions kept")
+    return EXIT_OK
+
+
+def _hand_over_now(layout: Layout, old: dict[str, Any], *, as_json: bool) -> int:
+    """``restart`` of a supervisor of another version: replaced by one of this installation."""
+    from ._autostart import hand_over
+    from ._syncclient import SyncClient
+
+    conn, hello = hand_over(layout, force=True)
+    conn.close()
+    fresh = SyncClient(layout, autostart=False)
+    fresh.connect()
+    rows = fresh.request("sessions")
+    fresh.close()
+    entry = {"socket": layout.socket, "old_pid": old.get("pid"),
+             "old_generation": old.get("generation"), "old_version": old.get("app_version"),
+             "pid": hello["pid"], "generation": hello["generation"],
+             "version": hello.get("app_version"), "sessions": len(rows)}
+    if as_json:
+        print(json.dumps(entry))
+    else:
+        print(f"replaced supervisor on {layout.socket}: pid {old.get('pid')} (version"
+              f" {old.get('app_version')}) → {hello['pid']} (version {hello.get('app_version')}),"
               f" {len(rows)} sessions kept")
     return EXIT_OK
 
@@ -810,16 +922,23 @@ def _stderr_is_log(layout: Layout) -> bool:
 def _setup_logging(layout: Layout, *, verbose: bool) -> None:
     import logging
 
+    from ._rotate import RotatingLog, limits_from_env
+
     path = layout.log_path
     try:
-        if path.stat().st_size > 8 * 1024 * 1024:
-            os.replace(path, path.with_name(path.name + ".1"))
-    except OSError:
-        pass
+        limits = limits_from_env()
+    except ValueError as exc:
+        from ._rotate import Limits
+
+        limits = Limits()
+        print(f"trio-agentd: {exc}; using {limits.max_bytes} bytes x {limits.backups}",
+              file=sys.stderr)
     fmt = logging.Formatter("%(asctime)s supervisor[%(process)d] %(levelname)s %(message)s")
     root = logging.getLogger("trio_agentd")
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    fh = logging.FileHandler(path)
+    # size-bounded (NAME.1 ... NAME.<backups>); an autostarted supervisor's stdout and stderr
+    # are this file too, and follow it to each new one
+    fh = RotatingLog(path, limits, stdio=(1, 2))
     fh.setFormatter(fmt)
     root.addHandler(fh)
     if not _stderr_is_log(layout):

@@ -1,4 +1,4 @@
-"""Every timing constant of SPEC §6, in one frozen dataclass that tests replace.
+"""Every timing constant, in one frozen dataclass that tests replace.
 
 Code never reads a bare number for a timeout or a period: it takes a :class:`Timing` (usually
 :data:`DEFAULT_TIMING`) so a MockClock test can assert the exact virtual time of every step.
@@ -43,6 +43,12 @@ class Timing:
     patience: float = _defaults.PATIENCE
     patience_tick: float = _defaults.PATIENCE_TICK
     reprobe_window: float = _defaults.REPROBE_WINDOW
+    # upgrades: a client of a newer version waits this long for busy sessions before it hands
+    # the socket over to a supervisor of its own installation (then it says what to run) ...
+    handover_wait: float = _defaults.HANDOVER_WAIT
+    # ... and a supervisor replaces an adopted worker of another version once its session has
+    # been idle this long (a worker with a turn running or queued declines, and is asked again)
+    upgrade_idle: float = 10.0
     # worker auth: how long a freshly accepted worker connection may take to authenticate
     auth_timeout: float = 2.0
     # how long a supervisor waits for a held shutdown admission before giving up on startup

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from trio_agentd._protocol import Request, Response
-from trio_agentd.agents import ShellAgent, TurnContext, _exec
+from trio_agentd.agents import ExecAgent, TurnContext, _exec
 from trio_agentd.testing import MemoryRegistry, make_worker_core
 
 from .test_worker_refence import SupervisorEnd, connect_owner
@@ -53,7 +53,8 @@ async def test_a_cancelled_turn_gets_int_then_term_then_kill_at_exact_times(
 
     monkeypatch.setattr(_exec, "_signal_group", record)
     ctx = TurnContext(session_id="s", turn=1, cwd=tmp_path, session_dir=tmp_path)
-    chunks = ShellAgent(kill_grace=GRACE).turn("echo ready; exec sleep 1000", ctx)
+    agent = ExecAgent(["/bin/sh", "-c", "echo ready; exec sleep 1000"], kill_grace=GRACE)
+    chunks = agent.turn("", ctx)
     assert isinstance(chunks, AsyncGenerator)
     assert await anext(chunks) == b"ready\n"
     t0 = trio.current_time()

@@ -22,6 +22,7 @@ from trio_agentd._errors import AgentdError
 from trio_agentd._grant import make_grant
 from trio_agentd._ownership import OwnerRecord
 from trio_agentd._protocol import (
+    APP_VERSION,
     Attach,
     Auth,
     AuthOk,
@@ -46,7 +47,7 @@ SOCKET = "/run/s.sock"
 TOKEN = "worker-token"
 WALL0 = 1_800_000_000.0  # the worker's wall clock at virtual time 0
 TTL = 600.0
-HELLO = WorkerHello(session=SESSION, pid=4242, start_id="boot:4242")
+HELLO = WorkerHello(session=SESSION, pid=4242, start_id="boot:4242", app_version=APP_VERSION)
 ADMITTED = AuthOk(session=SESSION, pid=4242)
 REPLACED = (
     "this route's supervisor no longer owns the session — ask it for a new route"

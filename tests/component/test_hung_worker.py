@@ -1,4 +1,4 @@
-"""A hung worker is found (SPEC §6 liveness) on MockClock: fake processes, exact virtual times.
+"""A hung worker is found (liveness) on MockClock: fake processes, exact virtual times.
 
 A fake process that is *frozen* (``FakeProcess.freeze``: SIGSTOP, or an event loop that blocks)
 keeps its connections open but reads and answers nothing. With the default timing the

@@ -38,8 +38,12 @@ async def test_the_group_is_reported_before_the_agent_runs(tmp_path: Path) -> No
     def on_group(g: GroupIdentity) -> None:
         seen.append((g, marker.exists()))
 
-    chunks = [c async for c in ShellAgent().turn(f"touch {marker}; echo $$", _ctx(tmp_path,
-                                                                                   on_group))]
+    agent = ShellAgent()
+    try:
+        chunks = [c async for c in agent.turn(f"touch {marker}; echo $$", _ctx(tmp_path,
+                                                                               on_group))]
+    finally:
+        await agent.aclose()
     [(group, ran_before)] = seen
     assert not ran_before
     assert marker.exists()

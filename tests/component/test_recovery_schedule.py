@@ -1,4 +1,4 @@
-"""The recovery schedule of SPEC §6 on MockClock: fake processes, exact virtual times."""
+"""The recovery schedule on MockClock: fake processes, exact virtual times."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import trio.testing
 
 from trio_agentd._ownership import OwnerRecord, Phase
 from trio_agentd._protocol import (
+    APP_VERSION,
     Auth,
     AuthOk,
     Dropped,
@@ -37,7 +38,7 @@ from trio_agentd.testing import MemoryRegistry, make_worker_core, memory_stream_
 SOCKET = "/run/s.sock"
 TOKEN = "worker-token"
 STALE = "supervisor_generation_stale"
-HELLO = WorkerHello(session="s1", pid=4242, start_id="boot:4242")
+HELLO = WorkerHello(session="s1", pid=4242, start_id="boot:4242", app_version=APP_VERSION)
 
 # a broken re-fence loop ticks forever in virtual time: bound each test in real time
 pytestmark = pytest.mark.timeout(10)

@@ -214,7 +214,7 @@ def daemon_env(*, fresh_machine: bool = False, extra_env: dict[str, str] | None 
     base["XDG_RUNTIME_DIR"] = str(root / "run")
     (root / "run").mkdir(mode=0o700)
     if fresh_machine:
-        # nothing but HOME and XDG dirs: the defaults of SPEC §3 pick every path
+        # nothing but HOME and XDG dirs: the per-user defaults pick every path
         base["XDG_STATE_HOME"] = str(root / "userhome" / ".local" / "state")
     else:
         base["TRIO_AGENTD_HOME"] = str(env.home)

@@ -44,7 +44,7 @@ HARD_DEADLINE = 80.0
 # recovery progress required between two kills: answered prompts, at least this many, at most
 PROGRESS_MIN, PROGRESS_MAX = 4, 40
 # worker kills per session: more than RESTART_INTENSITY (5) respawns within 60 s marks a session
-# failed by design (SPEC §6), so the chaos stays below it
+# failed by design, so the chaos stays below it
 WORKER_KILLS_PER_SESSION = 4
 # prompts per session: the worker journal compacts after COMPACT_AFTER lines (two per prompt) and
 # then keeps only the newest results (by design), which would hide answered commands from (b)
@@ -359,7 +359,8 @@ class Chaos:
         assert cp.returncode == 0, cp.stderr
         rows = {r["session"]: r for r in json.loads(cp.stdout)}
         restarts = sum(int(r["restarts"]) for r in rows.values())
-        transcripts = {s: _jsonl(env.home / "sessions" / s / "transcript.jsonl")
+        transcripts = {s: [t for t in _jsonl(env.home / "sessions" / s / "transcript.jsonl")
+                           if t.get("kind") == "turn"]  # events besides (worker starts ...)
                        for s in SESSIONS}
         replayed = sum(1 for tr in transcripts.values() for line in tr if line.get("replayed"))
         kills = self.sup_kills + self.worker_kills

@@ -1,4 +1,4 @@
-"""End to end with real supervisor and worker processes on real Unix sockets (issue 2)."""
+"""End to end with real supervisor and worker processes on real Unix sockets."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_fresh_machine_first_prompt_autostarts_and_continues_the_session() -> No
         cp = env.run("-p", "-s", "default", "again")
         assert cp.returncode == 0, cp.stderr
         assert cp.stdout == "[echo turn 2] again\n"
-        # the defaults of SPEC §3 were used: socket in XDG_RUNTIME_DIR, state in XDG_STATE_HOME
+        # the per-user defaults were used: socket in XDG_RUNTIME_DIR, state in XDG_STATE_HOME
         assert os.path.exists(env.socket)
         assert len(env.owner_records()) == 1
         assert env.owner()["socket"] == env.socket

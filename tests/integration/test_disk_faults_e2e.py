@@ -5,12 +5,14 @@ raised: the real supervisor and worker processes, the real CLI."""
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import subprocess
 
 from trio_agentd import _journal
 
-from .harness import DaemonEnv, wait_for
+from .harness import DaemonEnv, failure_status, wait_for
 
 LIMIT = 160 * 1024  # bytes a file of the daemon's may grow to (soft limit; hard: unlimited)
 TEXT = "x" * 16 * 1024  # each prompt adds ~32 KiB to the journal (prompt and reply)
@@ -79,3 +81,40 @@ def test_full_disk_answers_storage_error_and_the_session_recovers_when_space_ret
     records = [json.loads(line) for line in journal.read_bytes().splitlines()]
     assert [r["kind"] for r in records].count("completed") == turn + 1
     assert _journal.parse(journal.read_bytes()).pending() == []
+
+
+def test_a_worker_start_on_a_full_disk_answers_storage_error_and_needs_no_retry_after(
+    denv: DaemonEnv,
+) -> None:
+    """Starting a worker writes its files first (token, descriptor, session metadata): when
+    those writes fail, the prompt gets ``storage_error`` naming the file, not "failed … run
+    `trio-agentd retry`", and the first prompt once there is room runs."""
+    daemon = subprocess.Popen(
+        denv.argv("daemon"), env=denv.env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+    )
+    denv.procs.append(daemon)
+    wait_for(lambda: denv.hello() is not None, timeout=30, what="the daemon to listen")
+    assert denv.prompt("hi", session="old") == "[echo turn 1] hi"
+    (desc,) = [d for d in denv.descriptors() if d.get("session") == "old"]
+
+    # the disk fills up (RLIMIT_FSIZE 0: EFBIG, as ENOSPC would be); the old session's worker
+    # dies meanwhile, and a new session is asked for
+    resource.prlimit(daemon.pid, resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+    os.kill(int(desc["pid"]), signal.SIGKILL)
+    for session in ("new", "old", "new"):
+        cp = denv.run("-p", "-s", session, "hello")
+        assert cp.returncode == failure_status(cp), (session, cp.stdout, cp.stderr)
+        assert "EFBIG" in cp.stderr, cp.stderr
+        assert "free space on that filesystem" in cp.stderr, cp.stderr
+        assert "retry" not in cp.stderr, cp.stderr
+        assert "failed (restarted" not in cp.stderr, cp.stderr
+        assert len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+
+    # space returns: both sessions take prompts, no `retry` needed
+    resource.prlimit(daemon.pid, resource.RLIMIT_FSIZE,
+                     (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert denv.prompt("again", session="old") == "[echo turn 2] again"
+    assert denv.prompt("first", session="new") == "[echo turn 1] first"
+    assert daemon.poll() is None
+    assert "Traceback" not in denv.log_text()

@@ -1,4 +1,4 @@
-"""ps, doctor, doctor --fix and shutdown --all with real processes (issue 4)."""
+"""ps, doctor, doctor --fix and shutdown --all with real processes."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ def cli(env: DaemonEnv, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 def transcript(env: DaemonEnv, session: str) -> list[dict[str, object]]:
     path = env.home / "sessions" / session / "transcript.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [rec for rec in lines if rec.get("kind") == "turn"]
 
 
 def test_the_cli_exits_with_the_agents_status_and_streams_its_stderr_apart(
@@ -48,10 +49,14 @@ def test_the_cli_exits_with_the_agents_status_and_streams_its_stderr_apart(
 
 
 def test_a_death_by_signal_exits_128_plus_the_signal_and_says_so(denv: DaemonEnv) -> None:
-    cp = cli(denv, "-p", "-s", "k", "--agent", "shell", "--", "echo before; kill -TERM $$")
+    agent = "exec:sh -c 'echo before; kill -TERM $$'"
+    cp = cli(denv, "-p", "-s", "k", "--agent", agent, "go")
     assert cp.returncode == 128 + 15
     assert cp.stdout == b"before\n"
     assert cp.stderr == b"trio-agentd: error: the agent was killed by SIGTERM\n"
+    # in a shell session a command killed by a signal is $? = 128 + N, as a shell reports it
+    cp = cli(denv, "-p", "-s", "k2", "--agent", "shell", "--", "echo before; sh -c 'kill -TERM $$'")
+    assert (cp.returncode, cp.stdout) == (128 + 15, b"before\n")
 
 
 def test_a_program_that_is_missing_or_not_executable_exits_127_or_126(

@@ -152,3 +152,35 @@ def test_stopped_worker_mid_turn_fails_the_waiting_prompt_and_answers_after_sigc
             assert runs.read_text().splitlines().count("done payload") == 1
         finally:
             client.close()
+
+
+def test_a_supervisor_stopped_after_the_hello_fails_the_request_within_its_bound(
+    denv: DaemonEnv,
+) -> None:
+    """A client already connected when its supervisor stops (SIGSTOP) is not left waiting for
+    ever: the request's silence is met with a ping, and a ping unanswered within the client's
+    patience fails the request naming ``doctor --fix``; the supervisor, continued, serves on."""
+    from trio_agentd._defaults import ClientTiming
+
+    class Short(ClientTiming):
+        link_ping_interval = 0.5
+        patience = 1.5
+
+    assert denv.prompt("start") == "[echo turn 1] start"
+    sup = int(denv.owner()["pid"])
+    client = SyncClient(_layout(denv), timing=Short(), autostart=False)
+    try:
+        client.connect()
+        with _stopped(sup):
+            wait_for(lambda: _is_stopped(sup), timeout=5, what="the supervisor to stop")
+            started = time.monotonic()
+            with pytest.raises(AgentdError) as info:
+                client.request("sessions", retry_for=0)
+            took = time.monotonic() - started
+        assert info.value.code == ErrorCode.DAEMON_UNAVAILABLE
+        assert "answers nothing, not even a ping within 1.5s" in info.value.message
+        assert "doctor --fix" in info.value.message
+        assert 1.5 <= took < 1.5 + 0.5 + 2.0, took
+    finally:
+        client.close()
+    assert denv.prompt("again") == "[echo turn 2] again"

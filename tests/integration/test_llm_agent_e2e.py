@@ -5,7 +5,6 @@ user types it: streamed tokens, progress on stderr, a child tool process, chosen
 from __future__ import annotations
 
 import json
-import os
 import select
 import shlex
 import signal
@@ -89,7 +88,7 @@ def test_a_closed_stdout_ends_the_cli_quietly(denv: DaemonEnv) -> None:
     denv.procs.append(p)  # type: ignore[arg-type]
     assert p.stdout is not None
     assert p.stderr is not None
-    assert os.read(p.stdout.fileno(), 8) == b"answer: "
+    assert p.stdout.read(8) == b"answer: "  # (the tokens come a few bytes at a time)
     p.stdout.close()  # as `| head -c 8` does, with megabytes still to come
     err = p.stderr.read()
     assert p.wait(timeout=60) == 141
@@ -129,3 +128,44 @@ def test_an_agent_program_that_is_gone_fails_the_prompt_and_the_session_is_not_r
     assert rows["g"]["state"] == "ready"
     assert rows["g2"]["state"] != "ready"
     assert "no-such-llm" in str(rows["g2"].get("cause"))
+
+
+def test_as_a_python_agent_it_loads_from_the_sessions_directory(
+    denv: DaemonEnv, tmp_path: Path
+) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "fake_llm.py").write_bytes(FAKE_LLM.read_bytes())
+    cp = cli(denv, "-p", "-s", "py", "--cwd", str(project), "--agent", "fake_llm:agent",
+             "from python exit=5")
+    assert (cp.returncode, cp.stdout) == (5, b"answer: from python\n"), cp.stderr
+    assert cp.stderr == b"thinking about 2 words\ndone\n"
+
+
+def test_inside_a_shell_session_state_carries_over_between_prompts(
+    denv: DaemonEnv, tmp_path: Path
+) -> None:
+    (tmp_path / "work").mkdir()
+    run = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE_LLM))}"
+    first = cli(denv, "-p", "-s", "sh", "--agent", "shell", "--",
+                f"cd {shlex.quote(str(tmp_path / 'work'))} && LLM={shlex.quote(run)}")
+    assert first.returncode == 0, first.stderr
+    cp = cli(denv, "-p", "-s", "sh", "--", "echo 'hi there cwd=1 exit=3' | $LLM")
+    assert cp.returncode == 3, cp.stderr
+    assert cp.stdout == f"answer: hi there\ncwd: {tmp_path / 'work'}\n".encode()
+    assert cp.stderr == b"thinking about 2 words\ndone\n"
+
+
+def test_its_history_shows_prompt_output_stderr_and_status(denv: DaemonEnv) -> None:
+    assert cli(denv, "-p", "-s", "h", "--agent", AGENT, "one two exit=4").returncode == 4
+    logs = cli(denv, "logs", "h")
+    assert logs.returncode == 0, logs.stderr
+    text = logs.stdout.decode()
+    assert "one two exit=4" in text
+    assert "answer: one two\n" in text
+    assert "thinking about 2 words" in text
+    assert "exit status 4" in text
+    [turn] = [json.loads(line) for line in cli(denv, "logs", "h", "--json").stdout.splitlines()
+              if json.loads(line).get("kind") == "turn"]
+    assert (turn["reply"], turn["exit_status"]) == ("answer: one two\n", 4)
+    assert turn["stderr"] == "thinking about 2 words\ndone\n"

@@ -182,7 +182,8 @@ def test_cli_every_byte_value_is_exact(denv: DaemonEnv) -> None:
     assert shell_prompt(denv, "bin", f"cat '{src}'") == expected
     # small, but not UTF-8: it goes to a file, not into the records as text
     transcript = denv.home / "sessions" / "bin" / "transcript.jsonl"
-    turn = json.loads(transcript.read_bytes().splitlines()[-1])
+    turn = [t for t in map(json.loads, transcript.read_bytes().splitlines())
+            if t["kind"] == "turn"][-1]
     assert "reply" not in turn
     assert turn["bytes"] == len(expected)
     assert Path(turn["output"]).read_bytes() == expected

@@ -1,4 +1,4 @@
-"""The built-in agents (SPEC §8) and their specs.
+"""The built-in agents and their specs.
 
 The ``shell`` and ``exec`` tests start real processes, so they run on the real clock under an
 outer ``trio.fail_after``. Nothing here waits by sleeping: a script that must pause until the
@@ -101,13 +101,12 @@ async def outcome(agent: Agent, prompt: str, ctx: TurnContext) -> tuple[bytes, b
 
 
 def script_agent(kind: str, script: str, **kwargs: float) -> tuple[Agent, str]:
-    """The same script as a ``shell`` prompt, or as ``exec:sh -c SCRIPT`` (prompt unused)."""
-    if kind == "shell":
-        return ShellAgent(**kwargs), script
+    """The script as ``exec:sh -c SCRIPT`` (prompt unused), one process per turn."""
+    assert kind == "exec"
     return ExecAgent(["/bin/sh", "-c", script], **kwargs), ""
 
 
-KINDS = ["shell", "exec"]
+KINDS = ["exec"]  # the shell agent keeps one shell per session: tests/unit/test_shell_agent.py
 
 
 @contextlib.contextmanager
@@ -183,11 +182,10 @@ async def test_output_streams_before_the_process_ends(tmp_path: Path, kind: str)
 async def test_bytes_pass_as_they_come_even_half_a_character(tmp_path: Path) -> None:
     # é is \303\251 in UTF-8; the script stops between the two bytes: output is bytes, and
     # the first half is passed on at once (the client decodes, not the agent)
-    agent = ShellAgent()
+    agent, prompt = script_agent("exec", r"printf 'x\303'; read go < gate; printf '\251\n'")
     chunks: list[Chunk] = []
-    script = r"printf 'x\303'; read go < gate; printf '\251\n'"
     with gate(tmp_path / "gate") as gate_fd, trio.fail_after(DEADLINE):
-        async with turn_bytes(agent, script, make_ctx(tmp_path)) as output:
+        async with turn_bytes(agent, prompt, make_ctx(tmp_path)) as output:
             async for chunk in output:
                 chunks.append(chunk)
                 if len(chunks) == 1:
@@ -198,8 +196,8 @@ async def test_bytes_pass_as_they_come_even_half_a_character(tmp_path: Path) -> 
 
 async def test_binary_output_is_passed_on_exactly(tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE):
-        async with turn_bytes(ShellAgent(), r"printf 'a\377\000b\200\n'",
-                              make_ctx(tmp_path)) as output:
+        agent, prompt = script_agent("exec", r"printf 'a\377\000b\200\n'")
+        async with turn_bytes(agent, prompt, make_ctx(tmp_path)) as output:
             data = b"".join([c async for c in output if isinstance(c, bytes)])
     assert data == b"a\377\000b\200\n"
 
@@ -217,10 +215,11 @@ async def test_binary_output_is_passed_on_exactly(tmp_path: Path) -> None:
         ("kill -KILL $$", b"", -signal.SIGKILL),
     ],
 )
-async def test_shell_ends_its_turn_with_the_exit_status_and_adds_nothing_to_the_reply(
+async def test_a_turn_ends_with_the_exit_status_and_nothing_is_added_to_the_reply(
     tmp_path: Path, script: str, stdout: bytes, status: int
 ) -> None:
-    assert await outcome(ShellAgent(), script, make_ctx(tmp_path)) == (stdout, b"", [status])
+    agent, prompt = script_agent("exec", script)
+    assert await outcome(agent, prompt, make_ctx(tmp_path)) == (stdout, b"", [status])
 
 
 @pytest.mark.parametrize(
@@ -237,10 +236,9 @@ async def test_exec_ends_its_turn_with_the_exit_status(
     assert await outcome(load_agent(spec), "", make_ctx(tmp_path)) == (stdout, b"", [status])
 
 
-@pytest.mark.parametrize("kind", ["shell", "exec"])
-async def test_stderr_comes_apart_from_the_reply_byte_for_byte(tmp_path: Path, kind: str) -> None:
+async def test_stderr_comes_apart_from_the_reply_byte_for_byte(tmp_path: Path) -> None:
     script = "echo out; printf 'err\\377\\n' >&2; echo more; exit 5"
-    agent, prompt = script_agent(kind, script)
+    agent, prompt = script_agent("exec", script)
     assert await outcome(agent, prompt, make_ctx(tmp_path)) == (
         b"out\nmore\n", b"err\xff\n", [5]
     )
@@ -251,7 +249,8 @@ async def test_stderr_streams_as_it_comes_not_at_the_end(tmp_path: Path) -> None
     go = tmp_path / "go"
     script = f"echo first >&2; while [ ! -e {go} ]; do sleep 0.01; done; echo done"
     with trio.fail_after(DEADLINE):
-        async with turn_bytes(ShellAgent(), script, make_ctx(tmp_path)) as chunks:
+        agent, prompt = script_agent("exec", script)
+        async with turn_bytes(agent, prompt, make_ctx(tmp_path)) as chunks:
             first = await chunks.__anext__()
             assert first == Stderr(b"first\n")
             go.touch()
@@ -259,26 +258,6 @@ async def test_stderr_streams_as_it_comes_not_at_the_end(tmp_path: Path) -> None
     assert rest == [b"done\n", ExitStatus(0)]
 
 
-@contextlib.contextmanager
-def stdin_replaced_by_a_pipe() -> Iterator[None]:
-    """Our fd 0 is a pipe that never ends while this lasts, so an inherited stdin would show."""
-    saved = os.dup(0)
-    read_end, write_end = os.pipe()
-    try:
-        os.dup2(read_end, 0)
-        yield
-    finally:
-        os.dup2(saved, 0)
-        for fd in (saved, read_end, write_end):
-            os.close(fd)
-
-
-async def test_shell_stdin_is_dev_null(tmp_path: Path) -> None:
-    with stdin_replaced_by_a_pipe():
-        got = await reply(
-            ShellAgent(), "readlink /proc/self/fd/0; cat; echo done", make_ctx(tmp_path)
-        )
-    assert got == "/dev/null\ndone\n"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -443,14 +422,15 @@ async def test_a_turn_dropped_while_its_consumer_is_cancelled_still_kills_its_gr
 ) -> None:
     # the worker's shape: cancelled while it handles a chunk (the generator is parked at its
     # yield), and it does not close the generator; trio's finalizer has to
-    agent = ShellAgent()
+    agent, prompt = script_agent("exec", GROUP_SCRIPT)
     with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
         fds: list[int] = []
         seen = ""
-        gen = agent.turn(GROUP_SCRIPT, make_ctx(tmp_path))
+        gen = agent.turn(prompt, make_ctx(tmp_path))
         with trio.CancelScope() as scope:
             async for chunk in gen:
-                seen += chunk.decode() if isinstance(chunk, bytes) else str(chunk)
+                if isinstance(chunk, bytes):  # no other kind here: sh's stdout only
+                    seen += chunk.decode()
                 if "ready" in seen:
                     pids = read_group(tmp_path)
                     fds = stack.enter_context(watched(pids))
@@ -465,8 +445,9 @@ async def test_a_turn_dropped_while_its_consumer_is_cancelled_still_kills_its_gr
 
 
 async def test_closing_a_turn_early_kills_its_group(tmp_path: Path) -> None:
+    agent, prompt = script_agent("exec", GROUP_SCRIPT)
     with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
-        async with turn(ShellAgent(), GROUP_SCRIPT, make_ctx(tmp_path)) as output:
+        async with turn(agent, prompt, make_ctx(tmp_path)) as output:
             seen = ""
             while "ready" not in seen:
                 seen += await anext(output)
@@ -478,12 +459,11 @@ async def test_closing_a_turn_early_kills_its_group(tmp_path: Path) -> None:
 
 
 async def test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace(tmp_path: Path) -> None:
-    agent = ShellAgent(kill_grace=0.2)
-    script = "trap '' TERM; " + GROUP_SCRIPT
+    agent, prompt = script_agent("exec", "trap '' TERM; " + GROUP_SCRIPT, kill_grace=0.2)
     with contextlib.ExitStack() as stack, trio.fail_after(DEADLINE):
         fds: list[int] = []
         seen = ""
-        async with turn(agent, script, make_ctx(tmp_path)) as output:
+        async with turn(agent, prompt, make_ctx(tmp_path)) as output:
             with trio.CancelScope() as scope:
                 async for chunk in output:
                     seen += chunk
@@ -498,7 +478,8 @@ async def test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace(tmp_pat
 
 async def test_background_processes_do_not_outlive_a_finished_turn(tmp_path: Path) -> None:
     # output redirected, so the turn ends when the shell exits; the sleep must not stay
-    script = "sleep 30 >/dev/null 2>&1 & echo $!; read go < gate; echo bye"
+    agent, prompt = script_agent(
+        "exec", "sleep 30 >/dev/null 2>&1 & echo $!; read go < gate; echo bye")
     chunks: list[str] = []
     with (
         contextlib.ExitStack() as stack,
@@ -506,7 +487,7 @@ async def test_background_processes_do_not_outlive_a_finished_turn(tmp_path: Pat
         trio.fail_after(DEADLINE),
     ):
         fds: list[int] = []
-        async with turn(ShellAgent(), script, make_ctx(tmp_path)) as output:
+        async with turn(agent, prompt, make_ctx(tmp_path)) as output:
             async for chunk in output:
                 chunks.append(chunk)
                 if len(chunks) == 1:

@@ -1,4 +1,4 @@
-"""ps / doctor: the classifier, the repair plan, the executor and the table (SPEC §5, §9).
+"""ps / doctor: the classifier, the repair plan, the executor and the table.
 
 Pure and synchronous: observations are built by hand, the repair's side effects go through fake
 :class:`Hooks` that record every call, and the table is printed into an :class:`io.StringIO`.

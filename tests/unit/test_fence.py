@@ -1,4 +1,4 @@
-"""The worker's re-fence of its supervisor (SPEC §5 "Worker re-fence"; trio_agentd._fence)."""
+"""The worker's re-fence of its supervisor (trio_agentd._fence)."""
 
 from __future__ import annotations
 

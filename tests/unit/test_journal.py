@@ -1,4 +1,4 @@
-"""Worker command journals (SPEC §6; trio_agentd._journal)."""
+"""Worker command journals (trio_agentd._journal)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Owner records and the verdicts on them (SPEC §5; trio_agentd._ownership)."""
+"""Owner records and the verdicts on them (trio_agentd._ownership)."""
 
 from __future__ import annotations
 

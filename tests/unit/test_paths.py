@@ -1,4 +1,4 @@
-"""Locations of SPEC §3 and the socket-directory checks (trio_agentd._paths)."""
+"""Locations and the socket-directory checks (trio_agentd._paths)."""
 
 from __future__ import annotations
 

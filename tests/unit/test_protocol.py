@@ -1,4 +1,4 @@
-"""The JSON-lines codec and the size-bounded line splitter of SPEC §7 (trio_agentd._protocol)."""
+"""The JSON-lines codec and the size-bounded line splitter (trio_agentd._protocol)."""
 
 from __future__ import annotations
 

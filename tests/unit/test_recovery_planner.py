@@ -1,4 +1,4 @@
-"""The recovery planner of SPEC §6 (trio_agentd._recovery.decide): pure, no event loop.
+"""The recovery planner (trio_agentd._recovery.decide): pure, no event loop.
 
 Each test feeds observations to :func:`decide` at explicit ``now`` values and asserts the exact
 state and action; the Hypothesis properties drive the planner with a small model of the world
@@ -137,7 +137,7 @@ def test_dead_worker_is_respawned_at_once_and_counted() -> None:
 
 
 def test_unreachable_live_worker_reconnects_then_defers_then_is_stopped_and_respawned() -> None:
-    # the times of a worker that refuses every connection at once (SPEC §6)
+    # the times of a worker that refuses every connection at once
     observations: list[tuple[Observation, float]] = [
         (LinkLost(alive=True), 0.0),
         (TimerFired(), 0.25), (ConnectFailed(alive=True), 0.25),

@@ -1,4 +1,4 @@
-"""The timing constants of SPEC §6 and their environment overrides (trio_agentd.timing)."""
+"""The timing constants and their environment overrides (trio_agentd.timing)."""
 
 from __future__ import annotations
 

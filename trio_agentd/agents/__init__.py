@@ -1,4 +1,4 @@
-"""Agents: what a worker hosts (SPEC §8). ``load_agent(spec)`` turns a spec into an agent."""
+"""Agents: what a worker hosts. ``load_agent(spec)`` turns a spec into an agent."""
 
 from ._base import Agent as Agent
 from ._base import AgentLoadError as AgentLoadError

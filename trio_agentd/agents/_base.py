@@ -1,6 +1,6 @@
 """The agent interface: an async object that takes a prompt and yields output chunks.
 
-Spec forms (SPEC §8): ``echo``, ``shell``, ``exec:COMMAND`` and ``module:attribute``. The
+Spec forms: ``echo``, ``shell``, ``exec:COMMAND`` and ``module:attribute``. The
 supervisor checks a spec with :func:`validate_agent_spec` before it spawns a worker, so a typo
 is a ``bad_request`` to the client rather than a worker that fails to start; the worker then
 builds the agent with :func:`load_agent`, which checks the same syntax first.
@@ -67,7 +67,7 @@ class Agent(Protocol):
     """One session's agent.
 
     ``replayable`` declares whether a command accepted before a crash may be run again after
-    the worker restarts (SPEC §6); a non-replayable agent's interrupted command is reported to
+    the worker restarts; a non-replayable agent's interrupted command is reported to
     its client as ``command_interrupted`` instead.
     """
 

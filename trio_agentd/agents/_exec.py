@@ -106,7 +106,7 @@ CANNOT_RUN, NOT_FOUND = 126, 127
 
 
 def _spawn_error(argv: Sequence[str], cwd: Path, exc: OSError) -> AgentStartError:
-    """Name what could not be started and how to fix it (SPEC §7: one line, cause and fix)."""
+    """Name what could not be started and how to fix it (one line: cause and fix)."""
     if exc.filename is not None and os.fsdecode(exc.filename) == os.fsdecode(cwd):
         return AgentStartError(
             ErrorCode.BAD_REQUEST,
@@ -313,7 +313,7 @@ class _GroupRun:
                 result = await wait()
                 nursery.cancel_scope.cancel()
         except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
-            # not an ExceptionGroup out of an agent (STYLE); Cancelled is left to trio
+            # not an ExceptionGroup out of an agent; Cancelled is left to trio
             raise AgentdError(
                 ErrorCode.INTERNAL,
                 f"the pipes to {self.name!r} (pid {self.proc.pid}) failed: {group.exceptions[0]}",

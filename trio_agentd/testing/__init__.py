@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -93,15 +94,23 @@ def make_worker_core(
     agent: Agent | None = None,
     timing: Timing = DEFAULT_TIMING,
     cwd: Path = Path("/"),
+    read_record: Callable[[str], bytes | None] | None = None,
+    read_start_id: Callable[[int], str | None] | None = None,
+    watch_claims: Callable[[str], None] | None = None,
+    wait_change: Callable[[], Awaitable[None]] | None = None,
 ) -> WorkerCore:
-    """A worker core with no files: in-memory registry, no journal or transcript."""
+    """A worker core with no files: in-memory registry (unless ``read_record`` and
+    ``read_start_id`` say otherwise), no journal or transcript; it re-fences every
+    ``refence_interval``, or as ``wait_change`` says (``trio_agentd._worker.watched_refence``)."""
     return WorkerCore(
         session_id=session_id,
         agent=agent or EchoAgent(),
         token=token,
         supervisor_socket=supervisor_socket,
-        read_record=registry.read_record,
-        read_start_id=registry.read_start_id,
+        read_record=registry.read_record if read_record is None else read_record,
+        read_start_id=registry.read_start_id if read_start_id is None else read_start_id,
+        watch_claims=watch_claims,
+        wait_change=wait_change,
         journal=None,
         transcript=None,
         cwd=cwd,
@@ -113,6 +122,11 @@ def make_worker_core(
 
 from ._fakeops import Behaviour as Behaviour  # noqa: E402
 from ._fakeops import FakeProcess as FakeProcess  # noqa: E402
+from ._fakeops import FakeWatcher as FakeWatcher  # noqa: E402
 from ._fakeops import FakeWorkerOps as FakeWorkerOps  # noqa: E402
+from ._fakesupervisor import FakeSupervisorOps as FakeSupervisorOps  # noqa: E402
+from ._fakesupervisor import MemoryClient as MemoryClient  # noqa: E402
+from ._fakesupervisor import MemoryListener as MemoryListener  # noqa: E402
 
-__all__ += ["Behaviour", "FakeProcess", "FakeWorkerOps"]
+__all__ += ["Behaviour", "FakeProcess", "FakeSupervisorOps", "FakeWatcher", "FakeWorkerOps",
+            "MemoryClient", "MemoryListener"]

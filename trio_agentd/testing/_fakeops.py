@@ -11,21 +11,59 @@ from __future__ import annotations
 import enum
 import itertools
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 import trio.testing
 
 from .._errors import AgentdError, ErrorCode
+from .._fence import Claim
 from .._handle import WorkerHandle
+from .._worker import watched_refence
 from .._workerlink import WorkerLink, link_over_stream
 from ..agents import Agent
 from ..timing import DEFAULT_TIMING, Timing
 from . import MemoryRegistry, make_worker_core
 
+if TYPE_CHECKING:
+    from .._supervisor import Supervisor
+    from ._fakesupervisor import FakeSupervisorOps
+
 SUPERVISOR_GENERATION = "gen-1"
 SUPERVISOR_PID = 1000
 SUPERVISOR_SOCKET = "/run/s.sock"
+SUPERVISOR_CLAIM = Claim(generation=SUPERVISOR_GENERATION, pid=SUPERVISOR_PID,
+                         start_id="boot:1000", socket=SUPERVISOR_SOCKET)
+
+
+class FakeWatcher:
+    """A registry watcher (``_inotify.Watcher``'s shape) woken by the test, not the kernel:
+    :meth:`changed` is an inotify event. ``watched`` holds every path it was asked to watch."""
+
+    def __init__(self) -> None:
+        self.watched: set[Path] = set()
+        self.wakeups = 0
+        self._pending = False
+        self._event = trio.Event()
+
+    def watch(self, path: Path) -> bool:
+        self.watched.add(Path(path))
+        return True
+
+    def changed(self) -> None:
+        """Something in a watched dir changed (events queue until the next :meth:`wait`)."""
+        self._pending = True
+        self._event.set()
+
+    async def wait(self) -> None:
+        while not self._pending:
+            await self._event.wait()
+        self._pending = False
+        self._event = trio.Event()
+        self.wakeups += 1
 
 
 class Behaviour(enum.Enum):
@@ -52,6 +90,7 @@ class FakeProcess:
     thawed: trio.Event = field(default_factory=trio.Event)
     _behaviour_before: Behaviour | None = None
     received: list[tuple[float, str]] = field(default_factory=list)  # (time, op) it read
+    watcher: FakeWatcher | None = None  # its registry watcher (``FakeWorkerOps(inotify=True)``)
 
     def freeze(self) -> None:
         """SIGSTOP (or an event loop that blocks): every connection stays open but nothing is
@@ -103,6 +142,12 @@ class FakeWorkerOps:
     Args:
         behaviours: the behaviour of each successive spawn (the last one repeats).
         nursery: where fake processes run (a test's nursery).
+        registry_dir: the worker cores fence against the owner records in this real registry
+            dir, and real process start ids (as a worker does), instead of ``self.registry``
+            (a :class:`MemoryRegistry`).
+        inotify: each worker re-fences when its :class:`FakeWatcher` wakes
+            (:meth:`registry_changed`), else every ``refence_fallback``; without it, every
+            ``refence_interval`` (a worker with no inotify).
     """
 
     def __init__(
@@ -111,7 +156,9 @@ class FakeWorkerOps:
         *,
         behaviours: list[Behaviour] | None = None,
         timing: Timing = DEFAULT_TIMING,
-        agent_factory: type[Agent] | None = None,
+        agent_factory: Callable[[], Agent] | None = None,
+        registry_dir: Path | None = None,
+        inotify: bool = False,
     ) -> None:
         self.nursery = nursery
         self.timing = timing
@@ -128,6 +175,29 @@ class FakeWorkerOps:
             generation=SUPERVISOR_GENERATION, pid=SUPERVISOR_PID, socket=SUPERVISOR_SOCKET,
             start_id="boot:1000",
         )
+        self.registry_dir = registry_dir
+        self.inotify = inotify
+        self.read_record: Callable[[str], bytes | None] = self.registry.read_record
+        self.read_start_id: Callable[[int], str | None] = self.registry.read_start_id
+        if registry_dir is not None:
+            from .._fs import read_bytes
+            from .._identity import read_start_id
+
+            self.read_record = lambda g: read_bytes(registry_dir / f"{g}.owner" / "owner.json")
+            self.read_start_id = read_start_id
+
+    def registry_changed(self) -> None:
+        """An inotify event in the registry: every live worker's watcher wakes."""
+        for p in self.processes:
+            if p.alive and p.watcher is not None:
+                p.watcher.changed()
+
+    def for_supervisor(self, sup: Supervisor) -> FakeSupervisorOps:
+        """``Supervisor(config, worker_ops=ops.for_supervisor)``: the supervisor's worker ops
+        with these fake processes (descriptors, tokens and session files stay real)."""
+        from ._fakesupervisor import FakeSupervisorOps
+
+        return FakeSupervisorOps(sup, self)
 
     def _event(self, what: str) -> None:
         self.events.append((trio.current_time(), what))
@@ -163,6 +233,13 @@ class FakeWorkerOps:
             await p.exited.wait()
 
     async def spawn(self, h: WorkerHandle) -> None:
+        await self.start_process(h)
+
+    async def start_process(
+        self, h: WorkerHandle, *, started: Callable[[], None] | None = None
+    ) -> None:
+        """A spawn; ``started`` runs once the process exists (pid, start id and token set),
+        before it becomes ready (or never does)."""
         index = min(len(self.processes), len(self.behaviours) - 1)
         behaviour = self.behaviours[index]
         p = FakeProcess(pid=next(self._pids), behaviour=behaviour)
@@ -171,10 +248,14 @@ class FakeWorkerOps:
         self.by_pid[p.pid] = p
         h.pid, h.start_id, h.token = p.pid, f"boot:{p.pid}", p.token
         self._event(f"spawn {p.pid}")
+        if started is not None:
+            started()
         if behaviour is Behaviour.NEVER_READY:
             await trio.sleep_forever()
 
-    async def connect(self, h: WorkerHandle) -> WorkerLink:
+    async def connect(self, h: WorkerHandle, *, claim: Claim = SUPERVISOR_CLAIM) -> WorkerLink:
+        """Connect as the supervisor of ``claim`` (its worker checks it against the registry
+        the worker reads)."""
         p = self.by_pid.get(h.pid or -1)
         self._event(f"connect {h.pid}")
         if p is None or not p.alive:
@@ -185,10 +266,20 @@ class FakeWorkerOps:
             raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "connection refused")
         core = getattr(p, "core", None)
         if core is None:
-            kwargs = {} if self.agent_factory is None else {"agent": self.agent_factory()}
+            refence: tuple[Callable[[str], None] | None, Callable[[], Awaitable[None]] | None]
+            refence = (None, None)
+            if self.inotify:
+                p.watcher = FakeWatcher()
+                refence = watched_refence(
+                    p.watcher, self.registry_dir or Path("/registry"), self.timing,
+                    lambda: p.core.conns,  # type: ignore[attr-defined]
+                )
             core = make_worker_core(
-                self.registry, supervisor_socket=SUPERVISOR_SOCKET, session_id=h.session_id,
-                token=p.token, timing=self.timing, **kwargs,  # type: ignore[arg-type]
+                self.registry, supervisor_socket=claim.socket, session_id=h.session_id,
+                token=p.token, timing=self.timing, read_record=self.read_record,
+                read_start_id=self.read_start_id, watch_claims=refence[0],
+                wait_change=refence[1],
+                agent=None if self.agent_factory is None else self.agent_factory(),
             )
             p.core = core  # type: ignore[attr-defined]
 
@@ -211,8 +302,8 @@ class FakeWorkerOps:
 
         self.nursery.start_soon(serve_conn)
         return await link_over_stream(
-            client, token=p.token, generation=SUPERVISOR_GENERATION, pid=SUPERVISOR_PID,
-            start_id="boot:1000", socket=SUPERVISOR_SOCKET,
+            client, token=p.token, generation=claim.generation, pid=claim.pid,
+            start_id=claim.start_id, socket=claim.socket,
         )
 
 
