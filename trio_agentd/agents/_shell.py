@@ -86,7 +86,7 @@ CONTROL_FD = 8
 CWD_FILE = "shell.cwd"
 """In the session's directory: the shell's cwd after its last prompt, as raw bytes."""
 
-_READ_SIZE = 65536
+_READ_SIZE = 256 * 1024  # one output chunk per read, when that much is waiting
 _TERM_GRACE = 0.1  # between SIGTERM and SIGKILL, once SIGINT's grace ran out
 _ANSWER_BOUND = 2.0  # for the shell to answer after what it ran got SIGKILL
 _CLOSE_BOUND = 2.0  # for a shell to exit once its control socket is closed
@@ -209,6 +209,8 @@ class _Shell:
         ours.setblocking(False)
         os.set_blocking(out_r, False)
         os.set_blocking(err_r, False)
+        _widen(out_r)  # room for a fast writer while we send, read in bigger pieces
+        _widen(err_r)
         return cls(proc, os.pidfd_open(proc.pid), ours, out_r, err_r, cwd)
 
     # --- the control channel -------------------------------------------------------------
@@ -281,6 +283,14 @@ class _Shell:
         Raises:
             _ProtocolError: the shell sent something that is not an answer.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        # output already waiting is read at once (a stream is many reads in a row); waiting
+        # on every descriptor is for when nothing is there
+        for name, fd, is_open in (("out", self.out_fd, self.out_open),
+                                  ("err", self.err_fd, self.err_open)):
+            if is_open and (data := _read_some(fd)):
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return name, data
         fds: list[int] = []
         if self.out_open:
             fds.append(self.out_fd)
@@ -383,6 +393,12 @@ async def _wait_any(fds: list[int]) -> int:
         for fd in fds:
             nursery.start_soon(wait, fd)
     return ready[0]
+
+
+def _widen(fd: int) -> None:
+    """An output pipe of 1 MiB rather than 64 KiB, where the system allows it (optional)."""
+    with contextlib.suppress(OSError):  # EPERM past /proc/sys/fs/pipe-max-size: harmless
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
 
 
 def _read_some(fd: int, size: int = _READ_SIZE) -> bytes | None:
