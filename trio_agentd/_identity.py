@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import enum
 import os
-import signal
 import sys
-from dataclasses import dataclass
+
+from ._plain import Frozen
 
 _boot_id: str | None = None
 
@@ -165,6 +165,8 @@ def signal_identity_checked(pid: int, start_id: str | None, sig: int) -> bool:
     """
     if start_id is None or pid <= 0:
         return False
+    import signal
+
     pidfd_open = getattr(os, "pidfd_open", None)
     send = getattr(signal, "pidfd_send_signal", None)
     if pidfd_open is not None and send is not None:
@@ -208,16 +210,21 @@ def signal_group_identity_checked(
     return True
 
 
-@dataclass(frozen=True, slots=True)
-class GroupIdentity:
+class GroupIdentity(Frozen):
     """A process group named safely: its id and its leader's incarnation ``(pid, start_id)``.
 
     The runner starts every turn's leader in a new session, so ``pgid == pid``.
     """
 
+    __slots__ = ("pgid", "pid", "start_id")
     pgid: int
     pid: int
     start_id: str | None
+
+    def __init__(self, pgid: int, pid: int, start_id: str | None) -> None:
+        object.__setattr__(self, "pgid", pgid)
+        object.__setattr__(self, "pid", pid)
+        object.__setattr__(self, "start_id", start_id)
 
 
 def group_alive(pgid: int) -> bool:
@@ -248,6 +255,8 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
     be in group ``pgid`` *and* session ``pgid`` (the leader's ``setsid``) and have started no
     earlier than the leader. Returns the pids signalled.
     """
+    import signal
+
     pidfd_open = getattr(os, "pidfd_open", None)
     send = getattr(signal, "pidfd_send_signal", None)
     if pidfd_open is None or send is None or group.start_id is None:

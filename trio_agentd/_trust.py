@@ -95,7 +95,7 @@ def prove_socket_dir(path: str) -> None:
 def peer_uid(sock: _Socket) -> int | None:
     """The uid of a connected Unix-socket peer (``SO_PEERCRED``), or ``None`` where the OS has
     no such option (there the socket dir's proof stands alone)."""
-    import socket as _socket
+    import _socket  # not socket: its import costs more than a ps
 
     option = getattr(_socket, "SO_PEERCRED", None)
     if option is None:
