@@ -248,7 +248,7 @@ class Layout:
         """
         if self.home_source is None or not isinstance(served, str) or not served:
             return
-        mine = str(self.home)
+        mine = self.home_dir
         if mine == served or os.path.realpath(mine) == os.path.realpath(served):
             return
         raise AgentdError(

@@ -100,10 +100,8 @@ def peer_uid(sock: _Socket) -> int | None:
     option = getattr(_socket, "SO_PEERCRED", None)
     if option is None:
         return None
-    import struct
-
-    raw = sock.getsockopt(_socket.SOL_SOCKET, option, struct.calcsize("3i"))
-    return int(struct.unpack("3i", raw)[1])
+    raw = sock.getsockopt(_socket.SOL_SOCKET, option, 12)  # struct ucred: pid, uid, gid
+    return int.from_bytes(raw[4:8], sys.byteorder, signed=True)
 
 
 def prove_peer(sock: _Socket, path: str) -> None:

@@ -79,3 +79,24 @@ def test_utc_epoch_agrees_with_datetime(when: dt.datetime, spec: str, suffix: st
 ])
 def test_utc_epoch_refuses_other_shapes(text: str) -> None:
     assert utc_epoch(text) is None
+
+
+@given(st.text(max_size=70) | st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,66}", fullmatch=True))
+def test_session_id_rule_is_the_regular_expression(value: str) -> None:
+    import re
+
+    from trio_agentd._sessionid import is_session_id
+
+    rule = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+    assert is_session_id(value) == (rule.fullmatch(value) is not None)
+
+
+def test_peer_uid_is_ours() -> None:
+    import os
+    import socket
+
+    from trio_agentd._trust import peer_uid
+
+    a, b = socket.socketpair(socket.AF_UNIX)
+    with a, b:
+        assert peer_uid(a) == os.getuid()
