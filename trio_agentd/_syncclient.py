@@ -551,27 +551,8 @@ def _read_route(
         prove_socket_dir(layout.socket_dir)
     except AgentdError:
         return None  # the supervisor path says why (or autostarts one)
-    path = route_cache_path(layout, session)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None  # none yet (or a symlink: refused)
-    try:
-        st = os.fstat(fd)
-        from ._trust import file_problem
-
-        if file_problem(st, os.getuid()) is not None or st.st_mode & 0o077:
-            return None  # not provably ours alone: ignored, and replaced after the next route
-        raw = os.read(fd, 1 << 16)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        cached = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(cached, dict) or cached.get("v") != ROUTE_CACHE_VERSION:
+    cached = _read_private_json(route_cache_path(layout, session))
+    if cached is None or cached.get("v") != ROUTE_CACHE_VERSION:
         return None
     route, sup = cached.get("route"), cached.get("supervisor")
     if not isinstance(route, dict) or not isinstance(sup, dict):
@@ -589,11 +570,41 @@ def _read_route(
         layout.check_served_home(sup.get("home"))
     except AgentdError:
         return None  # the supervisor path refuses it, naming both homes
+    # the socket's lease names the supervisor that holds the socket now (a restart execs a
+    # new generation in the same process), and its start id says it still runs
+    lease = _read_private_json(layout.lease_path, private=False)
+    if lease is None or (lease.get("pid"), lease.get("generation")) != (pid, sup.get("generation")):
+        return None
     from ._identity import read_start_id
 
     if read_start_id(pid) != start_id:
-        return None  # that supervisor is gone (restarted, replaced, crashed)
+        return None  # that supervisor is gone (crashed, stopped)
     return route
+
+
+def _read_private_json(path: str, *, private: bool = True) -> dict[str, Any] | None:
+    """The JSON object in ``path`` if it is a regular file of ours that nobody else may write
+    (``private``: nor read), not a symlink; else ``None``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # none yet (or a symlink: refused)
+    try:
+        st = os.fstat(fd)
+        from ._trust import file_problem
+
+        if file_problem(st, os.getuid()) is not None or (private and st.st_mode & 0o077):
+            return None  # not provably ours (alone): ignored
+        raw = os.read(fd, 1 << 16)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _write_route(
