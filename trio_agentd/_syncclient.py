@@ -575,10 +575,10 @@ def _read_route(
     lease = _read_private_json(layout.lease_path, private=False)
     if lease is None or (lease.get("pid"), lease.get("generation")) != (pid, sup.get("generation")):
         return None
-    from ._identity import read_start_id
+    from ._identity import Liveness, liveness
 
-    if read_start_id(pid) != start_id:
-        return None  # that supervisor is gone (crashed, stopped)
+    if liveness(pid, start_id) is not Liveness.ALIVE:
+        return None  # that supervisor is gone (crashed, even if not yet reaped)
     return route
 
 

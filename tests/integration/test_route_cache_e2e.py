@@ -164,3 +164,17 @@ def test_cwd_always_asks_the_supervisor(denv: DaemonEnv, tmp_path: Path) -> None
     cp = denv.run("-p", "--cwd", str(other), "two")
     assert cp.returncode != 0
     assert "cwd" in cp.stderr  # the supervisor's check: an existing session keeps its cwd
+
+
+def test_the_cache_is_bypassed_once_its_supervisor_is_killed(denv: DaemonEnv) -> None:
+    """Even before the dead supervisor is reaped (a zombie still has its start id), the next
+    prompt goes to the socket, which autostarts a new supervisor that adopts the worker."""
+    _valid(denv)
+    sup = int(denv.owner()["pid"])
+    worker = int(_cached(denv)["route"]["worker_pid"])
+    os.kill(sup, signal.SIGKILL)
+    wait_for(lambda: sup not in denv.our_pids(), timeout=10, what="the supervisor to die")
+    assert not _would_use_cache(denv)
+    assert denv.prompt("two") == "[echo turn 2] two"
+    assert int(denv.owner()["pid"]) != sup
+    assert _cached(denv)["route"]["worker_pid"] == worker  # adopted, not respawned
