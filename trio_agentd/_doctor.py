@@ -144,7 +144,7 @@ def _records(registry: str | os.PathLike[str]) -> list[Record]:
         if not name.endswith(".owner") or name.startswith("."):
             continue
         try:
-            raw = _fs.read_bytes(os.path.join(registry, name, "owner.json"))
+            raw = _read_trusted(os.path.join(registry, name, "owner.json"))
             if raw is None:
                 continue
             rec = OwnerRecord.from_json(raw)
@@ -165,7 +165,7 @@ def _scoped_sockets(registry: str | os.PathLike[str]) -> list[str]:
         for name in os.listdir(registry):
             if name.endswith(".owner") and not name.startswith("."):
                 with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
-                    raw = _fs.read_bytes(os.path.join(registry, name, "scope.json"))
+                    raw = _read_trusted(os.path.join(registry, name, "scope.json"))
                     if raw is not None:
                         out.append(Scope.from_json(raw).socket)
     return out
@@ -176,7 +176,7 @@ def _descriptors(home: str | os.PathLike[str]) -> list[dict[str, Any]]:
     out = []
     for path in _descriptor_paths(os.path.join(os.fspath(home), "daemons")):
         with contextlib.suppress(OSError, ValueError):
-            obj = json.loads(_fs.read_bytes(path) or b"")
+            obj = json.loads(_read_trusted(path) or b"")
             if isinstance(obj, dict):
                 out.append(obj)
     return out
@@ -275,12 +275,30 @@ def _read_small(path: str) -> bytes | None:
     except OSError:
         return None
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return _read_fd(fd)
     except OSError:
         return None
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_trusted(path: str) -> bytes | None:
+    """``_fs.read_bytes`` (a symlink or a file not ours refused with ``UntrustedFile``,
+    ``None`` if missing) without a Python file object: ps reads one per record, scope and
+    worker descriptor."""
+    try:
+        fd = _fs.open_trusted(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return _read_fd(fd)
     finally:
         os.close(fd)
 
