@@ -8,7 +8,6 @@ event loop. Trio programs use :func:`trio_agentd.open_client` instead.
 from __future__ import annotations
 
 import _socket  # not socket: its import (enum conversions) costs a warm prompt ~10 %
-import contextlib
 import json
 import os
 import time
@@ -632,8 +631,10 @@ def _write_route(
             os.close(fd)
         os.replace(tmp, path)
     except OSError:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib is not imported on the warm path
             os.unlink(tmp)
+        except OSError:
+            pass  # never made, or already renamed: nothing to clean up
 
 
 def _attach(route: dict[str, Any], timing: Timing | ClientTiming) -> _Conn:

@@ -100,3 +100,15 @@ def test_peer_uid_is_ours() -> None:
     a, b = socket.socketpair(socket.AF_UNIX)
     with a, b:
         assert peer_uid(a) == os.getuid()
+
+
+def test_the_warm_prompt_imports_only_json_beyond_the_interpreter() -> None:
+    """What ``trio-agentd -p`` loads besides the package: json, and the socket module's C
+    half (the console script itself loads ``re``)."""
+    code = ("import sys, re; before = set(sys.modules); import trio_agentd.cli, "
+            "trio_agentd._syncclient, trio_agentd._identity; print(sorted(m for m in "
+            "set(sys.modules) - before if not m.startswith('trio_agentd')))")
+    out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == str(
+        ["_json", "_socket", "json", "json.decoder", "json.encoder", "json.scanner"])
