@@ -6,16 +6,13 @@ cheap. Decisions are :mod:`._doctor_plan`'s; this module observes and executes.
 
 from __future__ import annotations
 
+import _socket
 import contextlib
+import errno
 import json
 import os
-import signal
-import socket as _socket
 import stat as _stat
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import _fs
 from ._defaults import CLIENT, ClientTiming
@@ -34,28 +31,44 @@ from ._doctor_plan import (
 from ._errors import AgentdError, ErrorCode
 from ._identity import Liveness, liveness, read_start_id, signal_identity_checked
 from ._ownership import CorruptRecord, OwnerRecord, Scope
-from ._paths import Layout, default_socket_dir, normalize_socket_path
+from ._paths import Layout, default_socket_dir, normalize_socket_path, socket_key
+from ._plain import Frozen, Plain
 from ._trust import prove_peer, prove_socket_dir
 from ._version import APP_VERSION, PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from .timing import Timing
 
+    # (socket file exists, accepts connections, hello or None)
+    ProbeResult = tuple[bool, bool, dict[str, Any] | None]
+
 # --- observing -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Found:
+class Found(Frozen):
     """One supervisor (or its remains) as ps/doctor report it."""
 
+    __slots__ = ("home_proven", "observation", "record", "socket", "verdict")
     socket: str
     verdict: Verdict
     observation: Observation
     record: Record | None
     home_proven: bool
+
+    def __init__(
+        self, *, socket: str, verdict: Verdict, observation: Observation, record: Record | None,
+        home_proven: bool,
+    ) -> None:
+        s = object.__setattr__
+        s(self, "socket", socket)
+        s(self, "verdict", verdict)
+        s(self, "observation", observation)
+        s(self, "record", record)
+        s(self, "home_proven", home_proven)
 
     def as_json(self) -> dict[str, Any]:
         v, rec, hello = self.verdict, self.record, self.observation.hello
@@ -75,17 +88,54 @@ class Found:
 
 
 def _uptime(created_at: str) -> float | None:
-    try:
-        import datetime as _dt
+    epoch = utc_epoch(created_at)
+    if epoch is None:  # another shape of ISO 8601: datetime parses it (or refuses it)
+        try:
+            import datetime as _dt
 
-        created = _dt.datetime.fromisoformat(created_at.replace("Z", "+00:00"))
-    except ValueError:
+            created = _dt.datetime.fromisoformat(created_at.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return round((_dt.datetime.now(_dt.UTC) - created).total_seconds(), 1)
+    return round(time.time() - epoch, 1)
+
+
+def utc_epoch(text: str) -> float | None:
+    """Seconds since the epoch of ``YYYY-MM-DDTHH:MM:SS[.fraction](Z|+00:00)`` — the shape
+    records carry — without importing ``datetime``; ``None`` for anything else. Pure."""
+    if text.endswith("Z"):
+        t = text[:-1]
+    elif text.endswith("+00:00"):
+        t = text[:-6]
+    else:
         return None
-    return round((_dt.datetime.now(_dt.UTC) - created).total_seconds(), 1)
+    frac = t[19:]
+    fields = (t[0:4], t[5:7], t[8:10], t[11:13], t[14:16], t[17:19])
+    if (len(t) < 19 or (t[4], t[7], t[10], t[13], t[16]) != ("-", "-", "T", ":", ":")
+            or not all(f.isascii() and f.isdigit() for f in fields)
+            or (frac and (frac[0] != "." or not (frac[1:].isascii() and frac[1:].isdigit())))):
+        return None
+    y, m, d, hh, mm, ss = (int(f) for f in fields)
+    if not (1 <= m <= 12 and 1 <= d <= _month_days(y, m) and hh < 24 and mm < 60 and ss < 60):
+        return None
+    # days from 1970-01-01 to y-m-d in the proleptic Gregorian calendar
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    return days * 86400 + hh * 3600 + mm * 60 + ss + (float("0" + frac) if frac else 0.0)
 
 
-def _records(registry: Path) -> list[Record]:
+def _month_days(y: int, m: int) -> int:
+    if m == 2:
+        return 29 if y % 4 == 0 and (y % 100 != 0 or y % 400 == 0) else 28
+    return 30 if m in (4, 6, 9, 11) else 31
+
+
+def _records(registry: str | os.PathLike[str]) -> list[Record]:
     out: list[Record] = []
+    registry = os.fspath(registry)
     try:
         names = os.listdir(registry)
     except OSError:
@@ -94,7 +144,7 @@ def _records(registry: Path) -> list[Record]:
         if not name.endswith(".owner") or name.startswith("."):
             continue
         try:
-            raw = _fs.read_bytes(registry / name / "owner.json")
+            raw = _read_trusted(os.path.join(registry, name, "owner.json"))
             if raw is None:
                 continue
             rec = OwnerRecord.from_json(raw)
@@ -108,25 +158,40 @@ def _records(registry: Path) -> list[Record]:
     return out
 
 
-def _scoped_sockets(registry: Path) -> list[str]:
+def _scoped_sockets(registry: str | os.PathLike[str]) -> list[str]:
     out = []
+    registry = os.fspath(registry)
     with contextlib.suppress(OSError):
         for name in os.listdir(registry):
             if name.endswith(".owner") and not name.startswith("."):
                 with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
-                    raw = _fs.read_bytes(registry / name / "scope.json")
+                    raw = _read_trusted(os.path.join(registry, name, "scope.json"))
                     if raw is not None:
                         out.append(Scope.from_json(raw).socket)
     return out
 
 
-def _descriptors(home: Path) -> list[dict[str, Any]]:
+def _descriptors(home: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every worker descriptor (``<home>/daemons/*/workers/*.json``, no hidden names)."""
     out = []
-    for path in (home / "daemons").glob("*/workers/*.json"):
+    for path in _descriptor_paths(os.path.join(os.fspath(home), "daemons")):
         with contextlib.suppress(OSError, ValueError):
-            obj = json.loads(_fs.read_bytes(path) or b"")
+            obj = json.loads(_read_trusted(path) or b"")
             if isinstance(obj, dict):
                 out.append(obj)
+    return out
+
+
+def _descriptor_paths(daemons: str) -> list[str]:
+    out = []
+    with contextlib.suppress(OSError):
+        for key in os.listdir(daemons):
+            if key.startswith("."):
+                continue
+            workers = os.path.join(daemons, key, "workers")
+            with contextlib.suppress(OSError):
+                out += [os.path.join(workers, name) for name in os.listdir(workers)
+                        if name.endswith(".json") and not name.startswith(".")]
     return out
 
 
@@ -164,13 +229,13 @@ def _daemon_args(argv: list[str]) -> list[str] | None:
     return args
 
 
-def scanned_sockets(home: Path) -> list[str]:
+def scanned_sockets(home: str | os.PathLike[str]) -> list[str]:
     """Sockets of this user's running supervisors of ``home``, from their command lines: the
     last line of discovery, for a supervisor that lost every file that names it. (A supervisor
     started without ``--home`` is counted by the ``TRIO_AGENTD_HOME`` it runs with.)"""
     out: list[str] = []
     uid = os.getuid()
-    want = os.path.normpath(str(home))
+    want = os.path.normpath(os.fspath(home))
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
             if name.isdigit():
@@ -210,12 +275,30 @@ def _read_small(path: str) -> bytes | None:
     except OSError:
         return None
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return _read_fd(fd)
     except OSError:
         return None
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_trusted(path: str) -> bytes | None:
+    """``_fs.read_bytes`` (a symlink or a file not ours refused with ``UntrustedFile``,
+    ``None`` if missing) without a Python file object: ps reads one per record, scope and
+    worker descriptor."""
+    try:
+        fd = _fs.open_trusted(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return _read_fd(fd)
     finally:
         os.close(fd)
 
@@ -283,10 +366,10 @@ def discover(
     """Every socket the files name: records, scopes, descriptors, the default socket and the
     socket files in the default socket dir (not the process scan: :func:`survey` adds it)."""
     sockets = {layout.socket}
-    records = _records(layout.registry) if records is None else records
-    descriptors = _descriptors(layout.home) if descriptors is None else descriptors
+    records = _records(layout.registry_dir) if records is None else records
+    descriptors = _descriptors(layout.home_dir) if descriptors is None else descriptors
     sockets.update(r.socket for r in records)
-    sockets.update(_scoped_sockets(layout.registry))
+    sockets.update(_scoped_sockets(layout.registry_dir))
     sockets.update(str(d["socket"]) for d in descriptors if d.get("socket"))
     sock_dir = default_socket_dir()
     with contextlib.suppress(OSError):
@@ -300,13 +383,72 @@ class Untrusted(Exception):
     """The socket's dir or its listening peer is not ours: nothing was read or sent."""
 
 
-def probe_hello(
-    path: str, timing: Timing | ClientTiming = CLIENT
-) -> tuple[bool, bool, dict[str, Any] | None]:
+def probe_hello(path: str, timing: Timing | ClientTiming = CLIENT) -> ProbeResult:
     """``(socket file exists, accepts connections, hello or None)`` — no commands sent.
 
     Raises:
         Untrusted: the socket's dir or its peer failed the proof (the message says why).
+    """
+    got = probe_hellos([path], timing)[path]
+    if isinstance(got, Untrusted):
+        raise got
+    return got
+
+
+def probe_hellos(
+    paths: list[str], timing: Timing | ClientTiming = CLIENT
+) -> dict[str, ProbeResult | Untrusted]:
+    """:func:`probe_hello` of many sockets at once: each is proven and connected first, then
+    the hellos are read as they come, with one ``poll`` (no trio), so N supervisors cost
+    about the wake-up of one, not N in a row. Every connection is closed before returning."""
+    import select
+
+    out: dict[str, ProbeResult | Untrusted] = {}
+    pending: dict[int, tuple[str, _socket.socket, bytearray]] = {}
+    try:
+        for path in paths:
+            try:
+                got = _connect_proven(path, timing)
+            except Untrusted as exc:
+                out[path] = exc
+                continue
+            if isinstance(got, tuple):
+                out[path] = got
+                continue
+            pending[got.fileno()] = (path, got, bytearray())
+        poller = select.poll()
+        for fd in pending:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timing.hello_timeout
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for fd, _events in poller.poll(max(1, int(left * 1000))):
+                path, s, data = pending[fd]
+                try:
+                    chunk = s.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                data += chunk
+                if chunk and b"\n" not in data:
+                    continue
+                poller.unregister(fd)
+                del pending[fd]
+                s.close()
+                out[path] = (True, True, _hello_of(bytes(data)))
+    finally:
+        for path, s, _data in pending.values():
+            s.close()
+            out[path] = (True, True, None)  # accepted, but no hello in time
+    return out
+
+
+def _connect_proven(path: str, timing: Timing | ClientTiming) -> _socket.socket | ProbeResult:
+    """A non-blocking connection to ``path`` whose dir and peer are proven ours, or the probe's
+    result when there is nothing to read a hello from.
+
+    Raises:
+        Untrusted: the socket's dir or its peer failed the proof.
     """
     try:
         prove_socket_dir(os.path.dirname(path))
@@ -314,14 +456,20 @@ def probe_hello(
         if exc.code == ErrorCode.DAEMON_UNAVAILABLE:
             return False, False, None
         raise Untrusted(str(exc.details.get("untrusted", exc.message))) from None
-    exists = os.path.lexists(path)
-    if not exists:
+    if not os.path.lexists(path):
         return False, False, None
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    s.settimeout(timing.connect_timeout)
-    try:
-        s.connect(path)
-    except OSError:
+    s.setblocking(False)
+    err = s.connect_ex(path)
+    if err in (errno.EAGAIN, errno.EINPROGRESS):  # its backlog is full: wait, as one would
+        s.settimeout(timing.connect_timeout)
+        try:
+            s.connect(path)
+            err = 0
+        except OSError:
+            pass
+        s.setblocking(False)
+    if err != 0:
         s.close()
         return True, False, None
     try:
@@ -329,37 +477,38 @@ def probe_hello(
     except AgentdError as exc:
         s.close()
         raise Untrusted(str(exc.details.get("untrusted", exc.message))) from None
+    return s
+
+
+def _hello_of(data: bytes) -> dict[str, Any] | None:
+    """The hello in the first line of ``data``, or ``None`` (no whole line, not a hello)."""
+    if b"\n" not in data:
+        return None
     try:
-        s.settimeout(timing.hello_timeout)
-        data = b""
-        deadline = time.monotonic() + timing.hello_timeout
-        while b"\n" not in data and time.monotonic() < deadline:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        if b"\n" not in data:
-            return True, True, None
         obj = json.loads(data.split(b"\n", 1)[0])
-        return True, True, obj if isinstance(obj, dict) and obj.get("type") == "hello" else None
-    except (OSError, ValueError):
-        return True, True, None
-    finally:
-        s.close()
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and obj.get("type") == "hello" else None
 
 
 def observe(
     socket: str, layout: Layout, *, timing: Timing | ClientTiming = CLIENT,
     records: list[Record] | None = None, descriptors: list[dict[str, Any]] | None = None,
+    probed: ProbeResult | Untrusted | None = None,
 ) -> tuple[Observation, Record | None]:
+    """What is known of one socket; ``probed``: its :func:`probe_hello` result, if taken."""
     try:
-        exists, accepts, raw = probe_hello(socket, timing)
+        if probed is None:
+            probed = probe_hello(socket, timing)
+        if isinstance(probed, Untrusted):
+            raise probed
+        exists, accepts, raw = probed
     except Untrusted as exc:
         obs = Observation(socket=socket, is_default=(socket == layout.socket),
                           socket_file=os.path.lexists(socket), accepts=False,
                           untrusted=str(exc))
         return obs, None
-    records = _records(layout.registry) if records is None else records
+    records = _records(layout.registry_dir) if records is None else records
     by_gen = {r.generation: r for r in records}
     hello: Hello | None = None
     hello_record: Record | None = None
@@ -374,13 +523,14 @@ def observe(
         )
         if hello.generation:
             hello_record = by_gen.get(hello.generation)
-            owner_json = layout.registry / f"{hello.generation}.owner" / "owner.json"
-            corrupt = hello_record is None and owner_json.exists()
-            revoked = (layout.registry / f"{hello.generation}.revoked").exists()
+            registry = layout.registry_dir
+            owner_json = os.path.join(registry, f"{hello.generation}.owner", "owner.json")
+            corrupt = hello_record is None and os.path.exists(owner_json)
+            revoked = os.path.exists(os.path.join(registry, f"{hello.generation}.revoked"))
         # final liveness re-check: a supervisor that is stopping is not wedged
         hello_alive = liveness(hello.pid, hello.start_id) is not Liveness.DEAD
     if descriptors is None:
-        descriptors = _descriptors(layout.home)
+        descriptors = _descriptors(layout.home_dir)
     descs = [d for d in descriptors if d.get("socket") == socket]
     tracked = sum(
         1 for d in descs
@@ -410,15 +560,15 @@ def survey(
     a socket file deleted under its listener, a socket of ours no file names); ``scan=True``
     always, ``scan=False`` never.
     """
-    records = _records(layout.registry)
-    descs = _descriptors(layout.home)  # read once, not once per socket
+    records = _records(layout.registry_dir)
+    descs = _descriptors(layout.home_dir)  # read once, not once per socket
     named = discover(layout, records=records, descriptors=descs)
     more: set[str] = set()
     listeners: list[tuple[str, bool, str]] | None = None
     if scan is not True:
         listeners = listening_sockets(set(named))
         if listeners is not None:
-            listeners = _resolve_unnamed(listeners, layout.home, more)
+            listeners = _resolve_unnamed(listeners, layout.home_dir, more)
     found = _classified(sorted({*named, *more}), layout, timing, records, descs)
     if scan is None:
         scan = scan_reason([f.verdict.status for f in found], listeners) is not None
@@ -432,7 +582,7 @@ def survey(
 
 
 def _resolve_unnamed(
-    listeners: list[tuple[str, bool, str]], home: Path, into: set[str]
+    listeners: list[tuple[str, bool, str]], home: str | os.PathLike[str], into: set[str]
 ) -> list[tuple[str, bool, str]]:
     """A socket of ours that no file names is asked who holds its lease (``<socket>.lock``),
     and that one process whether it is a supervisor of this home on that socket (the scan's
@@ -440,7 +590,7 @@ def _resolve_unnamed(
     supervisor of this home it is left out. Only a lease that tells nothing leaves it unnamed
     (then the whole scan runs)."""
     uid = os.getuid()
-    want = os.path.normpath(str(home))
+    want = os.path.normpath(os.fspath(home))
     out = []
     for path, named, file in listeners:
         if file == "ours" and not named:
@@ -460,17 +610,18 @@ def _classified(
     records: list[Record], descs: list[dict[str, Any]],
 ) -> list[Found]:
     found = []
+    probes = probe_hellos(sockets, timing)  # all at once
     for sock in sockets:
-        obs, rec = observe(sock, layout, timing=timing, records=records, descriptors=descs)
+        obs, rec = observe(sock, layout, timing=timing, records=records, descriptors=descs,
+                           probed=probes[sock])
         verdict = classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
         if verdict is None:
             continue
         if rec is None and verdict.generation:
             rec = next((r for r in records if r.generation == verdict.generation), None)
-        home_proven = bool(verdict.generation) and (
-            Layout(home=layout.home, socket=sock, registry=layout.registry).generations_dir
-            / str(verdict.generation)
-        ).is_dir()
+        # generations/<g>/ under this home's state dir of that socket
+        home_proven = bool(verdict.generation) and os.path.isdir(os.path.join(
+            layout.home_dir, "daemons", socket_key(sock), "generations", str(verdict.generation)))
         found.append(Found(socket=sock, verdict=verdict, observation=obs, record=rec,
                            home_proven=home_proven))
     return found
@@ -479,10 +630,19 @@ def _classified(
 # --- repairing -----------------------------------------------------------------------------------
 
 
-@dataclass
-class Hooks:
+class Hooks(Plain):
     """The side effects of a repair, injectable for tests of the executor."""
 
+    __slots__ = (
+        "kill",
+        "launch",
+        "release_admission",
+        "remove_socket",
+        "reprobe",
+        "revoke",
+        "take_admission",
+        "wait_hello",
+    )
     reprobe: Callable[[str], Verdict | None]
     kill: Callable[[int, str | None], bool]  # True once the process is confirmed gone
     launch: Callable[[str, str], None]  # (socket, admission ticket)
@@ -492,14 +652,41 @@ class Hooks:
     take_admission: Callable[[], str | None]  # ticket, or None if someone else holds it
     release_admission: Callable[[], None]
 
+    def __init__(
+        self, reprobe: Callable[[str], Verdict | None], kill: Callable[[int, str | None], bool],
+        launch: Callable[[str, str], None],
+        wait_hello: Callable[[str, str], dict[str, Any] | None], revoke: Callable[[str], None],
+        remove_socket: Callable[[str], None], take_admission: Callable[[], str | None],
+        release_admission: Callable[[], None],
+    ) -> None:
+        self.reprobe = reprobe
+        self.kill = kill
+        self.launch = launch
+        self.wait_hello = wait_hello
+        self.revoke = revoke
+        self.remove_socket = remove_socket
+        self.take_admission = take_admission
+        self.release_admission = release_admission
 
-@dataclass
-class Outcome:
+
+class Outcome(Plain):
+    __slots__ = ("done", "failed", "new_generation", "new_pid", "repair")
     repair: Repair
-    done: list[tuple[Step, str]] = field(default_factory=list)
-    failed: tuple[Step, str] | None = None
-    new_pid: int | None = None
-    new_generation: str | None = None
+    done: list[tuple[Step, str]]
+    failed: tuple[Step, str] | None
+    new_pid: int | None
+    new_generation: str | None
+
+    def __init__(
+        self, repair: Repair, done: list[tuple[Step, str]] | None = None,
+        failed: tuple[Step, str] | None = None, new_pid: int | None = None,
+        new_generation: str | None = None,
+    ) -> None:
+        self.repair = repair
+        self.done = [] if done is None else done
+        self.failed = failed
+        self.new_pid = new_pid
+        self.new_generation = new_generation
 
     @property
     def ok(self) -> bool:
@@ -628,6 +815,8 @@ class RealHooks:
             time.sleep(self.timing.probe_interval)
 
     def kill(self, pid: int, start_id: str | None) -> bool:
+        import signal
+
         signal_identity_checked(pid, start_id, signal.SIGCONT)  # a stopped process dies at once
         signal_identity_checked(pid, start_id, signal.SIGKILL)
         deadline = time.monotonic() + self.timing.kill_confirm_timeout
@@ -698,6 +887,8 @@ class RealHooks:
 
 def stop_orphan_workers(layout: Layout, sock: str, timing: Timing | None = None) -> list[int]:
     """TERM (then KILL) the live workers of a socket whose supervisor is gone; identity-checked."""
+    import signal
+
     from .timing import DEFAULT_TIMING
 
     timing = timing or DEFAULT_TIMING

@@ -21,9 +21,9 @@ unlinked socket or a second supervisor.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 from ._ownership import Cause
+from ._plain import Frozen
 
 
 class Status(enum.StrEnum):
@@ -42,55 +42,126 @@ PROBLEMS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Hello:
+class Hello(Frozen):
+    __slots__ = ("app_version", "generation", "pid", "protocol", "start_id")
     generation: str | None
     pid: int
     start_id: str | None
     protocol: int
     app_version: str
 
+    def __init__(
+        self, *, generation: str | None, pid: int, start_id: str | None, protocol: int,
+        app_version: str,
+    ) -> None:
+        s = object.__setattr__
+        s(self, "generation", generation)
+        s(self, "pid", pid)
+        s(self, "start_id", start_id)
+        s(self, "protocol", protocol)
+        s(self, "app_version", app_version)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Record:
+
+class Record(Frozen):
     """The registry record for a generation, as read from disk."""
 
+    __slots__ = ("alive", "created_at", "generation", "phase", "pid", "socket", "start_id")
     generation: str
     pid: int
     start_id: str | None
     socket: str
     phase: str
     alive: bool  # its pid + start id name a running process
-    created_at: str = ""
+    created_at: str
+
+    def __init__(
+        self, *, generation: str, pid: int, start_id: str | None, socket: str, phase: str,
+        alive: bool, created_at: str = "",
+    ) -> None:
+        s = object.__setattr__
+        s(self, "generation", generation)
+        s(self, "pid", pid)
+        s(self, "start_id", start_id)
+        s(self, "socket", socket)
+        s(self, "phase", phase)
+        s(self, "alive", alive)
+        s(self, "created_at", created_at)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Observation:
+class Observation(Frozen):
+    __slots__ = (
+        "accepts",
+        "hello",
+        "hello_pid_alive",
+        "hello_record",
+        "hello_record_corrupt",
+        "is_default",
+        "revoked",
+        "sessions",
+        "socket",
+        "socket_file",
+        "socket_records",
+        "tracked_workers",
+        "untrusted",
+    )
     socket: str
-    is_default: bool = False
+    is_default: bool
     socket_file: bool  # something exists at the path
     accepts: bool  # connect() succeeded
-    hello: Hello | None = None
+    hello: Hello | None
     # the record named by the hello's generation (None: missing), its tombstone
-    hello_record: Record | None = None
-    hello_record_corrupt: bool = False
-    revoked: bool = False
-    hello_pid_alive: bool = True  # final liveness re-check of the hello's pid + start id
+    hello_record: Record | None
+    hello_record_corrupt: bool
+    revoked: bool
+    hello_pid_alive: bool  # final liveness re-check of the hello's pid + start id
     # live records that claim this socket (any generation), from the registry scan
-    socket_records: tuple[Record, ...] = ()
-    tracked_workers: int = 0  # live workers whose descriptors name this socket
-    sessions: int = 0  # descriptors for this socket
+    socket_records: tuple[Record, ...]
+    tracked_workers: int  # live workers whose descriptors name this socket
+    sessions: int  # descriptors for this socket
     # why the socket's dir or its peer is not ours (then nothing was sent to it)
-    untrusted: str | None = None
+    untrusted: str | None
+
+    def __init__(
+        self, *, socket: str, is_default: bool = False, socket_file: bool, accepts: bool,
+        hello: Hello | None = None, hello_record: Record | None = None,
+        hello_record_corrupt: bool = False, revoked: bool = False,
+        hello_pid_alive: bool = True, socket_records: tuple[Record, ...] = (),
+        tracked_workers: int = 0, sessions: int = 0, untrusted: str | None = None,
+    ) -> None:
+        s = object.__setattr__
+        s(self, "socket", socket)
+        s(self, "is_default", is_default)
+        s(self, "socket_file", socket_file)
+        s(self, "accepts", accepts)
+        s(self, "hello", hello)
+        s(self, "hello_record", hello_record)
+        s(self, "hello_record_corrupt", hello_record_corrupt)
+        s(self, "revoked", revoked)
+        s(self, "hello_pid_alive", hello_pid_alive)
+        s(self, "socket_records", socket_records)
+        s(self, "tracked_workers", tracked_workers)
+        s(self, "sessions", sessions)
+        s(self, "untrusted", untrusted)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Verdict:
+class Verdict(Frozen):
+    __slots__ = ("cause", "generation", "pid", "start_id", "status")
     status: Status
-    cause: str | None = None
-    generation: str | None = None  # the supervisor generation the verdict is about
-    pid: int | None = None
-    start_id: str | None = None
+    cause: str | None
+    generation: str | None  # the supervisor generation the verdict is about
+    pid: int | None
+    start_id: str | None
+
+    def __init__(
+        self, *, status: Status, cause: str | None = None, generation: str | None = None,
+        pid: int | None = None, start_id: str | None = None,
+    ) -> None:
+        s = object.__setattr__
+        s(self, "status", status)
+        s(self, "cause", cause)
+        s(self, "generation", generation)
+        s(self, "pid", pid)
+        s(self, "start_id", start_id)
 
     @property
     def problem(self) -> bool:
@@ -226,12 +297,22 @@ class Step(enum.StrEnum):
     REPROBE_DEAD = "reprobe-dead"  # orphan file: still nobody listening
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Repair:
+class Repair(Frozen):
+    __slots__ = ("declined", "socket", "steps", "verdict")
     socket: str
     verdict: Verdict
-    steps: tuple[Step, ...] = ()
-    declined: str | None = None  # why no repair is attempted
+    steps: tuple[Step, ...]
+    declined: str | None  # why no repair is attempted
+
+    def __init__(
+        self, *, socket: str, verdict: Verdict, steps: tuple[Step, ...] = (),
+        declined: str | None = None,
+    ) -> None:
+        s = object.__setattr__
+        s(self, "socket", socket)
+        s(self, "verdict", verdict)
+        s(self, "steps", steps)
+        s(self, "declined", declined)
 
     def describe(self) -> str:
         if self.declined:

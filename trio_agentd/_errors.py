@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from enum import StrEnum
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from contextlib import AbstractContextManager
     from typing import Any
 
 
@@ -57,14 +57,19 @@ class ErrorCode(StrEnum):
     FOLLOWER_BEHIND = "follower_behind"
 
 
-@contextlib.contextmanager
-def single_errors() -> Iterator[None]:
+def single_errors() -> AbstractContextManager[None]:
     """Re-raise a one-exception group as that exception (public API never leaks groups).
 
     Nurseries wrap everything that escapes them, including the user's own exception from the
     body of ``async with open_client()``. A group of several exceptions becomes an
     ``AgentdError`` (``internal``) from the group.
     """
+    import contextlib  # here: the CLI's warm path imports this module, and never needs it
+
+    return contextlib.contextmanager(_single_errors)()
+
+
+def _single_errors() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:

@@ -12,11 +12,11 @@ import errno
 import fcntl
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+    from pathlib import Path
     from typing import Any
 
 

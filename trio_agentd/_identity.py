@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import enum
 import os
-import signal
 import sys
-from dataclasses import dataclass
+
+from ._plain import Frozen
 
 _boot_id: str | None = None
 
@@ -69,26 +69,34 @@ def read_start_id(pid: int) -> str | None:
     if pid <= 0:
         return None
     if sys.platform.startswith("linux"):
-        try:
-            with open(f"{_PROC}/{pid}/stat", "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, ProcessLookupError):
-            return None
-        except OSError:
-            return None
-        # comm may contain spaces and parentheses: split after the last ')'.
-        tail = data[data.rfind(b")") + 2 :].split()
-        try:
-            # field 22 (starttime) is index 19 after pid and comm are removed
-            start = int(tail[19]) - _own_boottime_offset_ticks()
-            return f"{_linux_boot_id()}:{start}"
-        except (IndexError, ValueError):
-            return None
+        return _start_id_of(_proc_stat_tail(pid))
     try:
         import psutil
 
         return f"ct:{psutil.Process(pid).create_time():.6f}"
     except Exception:
+        return None
+
+
+def _proc_stat_tail(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after pid and comm, or ``None`` if it cannot be
+    read (comm may contain spaces and parentheses: split after the last ')')."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def _start_id_of(tail: list[bytes] | None) -> str | None:
+    if tail is None:
+        return None
+    try:
+        # field 22 (starttime) is index 19 after pid and comm are removed
+        start = int(tail[19]) - _own_boottime_offset_ticks()
+        return f"{_linux_boot_id()}:{start}"
+    except (IndexError, ValueError):
         return None
 
 
@@ -114,7 +122,9 @@ def liveness(pid: int, start_id: str | None) -> Liveness:
         return Liveness.DEAD
     except PermissionError:
         pass
-    current = read_start_id(pid)
+    linux = sys.platform.startswith("linux")
+    tail = _proc_stat_tail(pid) if linux else None  # read once: identity and state
+    current = _start_id_of(tail) if linux else read_start_id(pid)
     if current is None:
         # raced with exit, or unreadable
         try:
@@ -126,7 +136,7 @@ def liveness(pid: int, start_id: str | None) -> Liveness:
         return Liveness.UNKNOWN
     if start_id is None:
         return Liveness.UNKNOWN
-    if _is_zombie(pid):
+    if _is_zombie(pid) if tail is None else _dying(tail):
         return Liveness.DEAD
     return Liveness.ALIVE if current == start_id else Liveness.DEAD
 
@@ -144,7 +154,11 @@ def _is_zombie(pid: int) -> bool:
             data = f.read()
     except OSError:
         return False
-    tail = data[data.rfind(b")") + 2 :].split()
+    return _dying(data[data.rfind(b")") + 2 :].split())
+
+
+def _dying(tail: list[bytes]) -> bool:
+    """A zombie or an exiting task, from the fields of its ``/proc/<pid>/stat``."""
     if not tail or tail[0] in (b"Z", b"X"):
         return True
     try:
@@ -165,6 +179,8 @@ def signal_identity_checked(pid: int, start_id: str | None, sig: int) -> bool:
     """
     if start_id is None or pid <= 0:
         return False
+    import signal
+
     pidfd_open = getattr(os, "pidfd_open", None)
     send = getattr(signal, "pidfd_send_signal", None)
     if pidfd_open is not None and send is not None:
@@ -208,16 +224,21 @@ def signal_group_identity_checked(
     return True
 
 
-@dataclass(frozen=True, slots=True)
-class GroupIdentity:
+class GroupIdentity(Frozen):
     """A process group named safely: its id and its leader's incarnation ``(pid, start_id)``.
 
     The runner starts every turn's leader in a new session, so ``pgid == pid``.
     """
 
+    __slots__ = ("pgid", "pid", "start_id")
     pgid: int
     pid: int
     start_id: str | None
+
+    def __init__(self, pgid: int, pid: int, start_id: str | None) -> None:
+        object.__setattr__(self, "pgid", pgid)
+        object.__setattr__(self, "pid", pid)
+        object.__setattr__(self, "start_id", start_id)
 
 
 def group_alive(pgid: int) -> bool:
@@ -248,6 +269,8 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
     be in group ``pgid`` *and* session ``pgid`` (the leader's ``setsid``) and have started no
     earlier than the leader. Returns the pids signalled.
     """
+    import signal
+
     pidfd_open = getattr(os, "pidfd_open", None)
     send = getattr(signal, "pidfd_send_signal", None)
     if pidfd_open is None or send is None or group.start_id is None:

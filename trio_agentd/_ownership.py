@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, replace
 
 from ._identity import Liveness
+from ._plain import Frozen, replace
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:
@@ -57,18 +57,28 @@ class CorruptRecord(ValueError):
     pass
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Scope:
+class Scope(Frozen):
     """The immutable subset of a record: enough to judge relevance when owner.json is corrupt."""
 
+    __slots__ = ("generation", "socket", "state_dir", "token", "version")
     version: int
     generation: str
     token: str
     socket: str
     state_dir: str
 
+    def __init__(
+        self, *, version: int, generation: str, token: str, socket: str, state_dir: str
+    ) -> None:
+        s = object.__setattr__
+        s(self, "version", version)
+        s(self, "generation", generation)
+        s(self, "token", token)
+        s(self, "socket", socket)
+        s(self, "state_dir", state_dir)
+
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        return json.dumps({n: getattr(self, n) for n in self.__slots__}, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Scope:
@@ -85,8 +95,22 @@ class Scope:
             raise CorruptRecord(f"scope.json lacks a valid field: {exc}") from None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OwnerRecord:
+class OwnerRecord(Frozen):
+    __slots__ = (
+        "app_version",
+        "created_at",
+        "generation",
+        "home",
+        "phase",
+        "pid",
+        "protocol",
+        "socket",
+        "start_id",
+        "state_dir",
+        "token",
+        "updated_at",
+        "version",
+    )
     version: int
     generation: str
     token: str
@@ -100,6 +124,26 @@ class OwnerRecord:
     phase: Phase
     created_at: str
     updated_at: str
+
+    def __init__(
+        self, *, version: int, generation: str, token: str, pid: int, start_id: str | None,
+        socket: str, home: str, state_dir: str, app_version: str, protocol: int, phase: Phase,
+        created_at: str, updated_at: str,
+    ) -> None:
+        s = object.__setattr__
+        s(self, "version", version)
+        s(self, "generation", generation)
+        s(self, "token", token)
+        s(self, "pid", pid)
+        s(self, "start_id", start_id)
+        s(self, "socket", socket)
+        s(self, "home", home)
+        s(self, "state_dir", state_dir)
+        s(self, "app_version", app_version)
+        s(self, "protocol", protocol)
+        s(self, "phase", phase)
+        s(self, "created_at", created_at)
+        s(self, "updated_at", updated_at)
 
     @property
     def scope(self) -> Scope:
@@ -115,7 +159,7 @@ class OwnerRecord:
         return replace(self, phase=phase, updated_at=now)
 
     def to_json(self) -> bytes:
-        obj = asdict(self)
+        obj = {n: getattr(self, n) for n in self.__slots__}
         obj["phase"] = str(self.phase)
         return json.dumps(obj, sort_keys=True).encode()
 
@@ -187,21 +231,36 @@ def judge(
     return None if mine.same_identity(other) else Cause.REPLACED
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScannedRecord:
+class ScannedRecord(Frozen):
     """One ``*.owner`` directory as the scan saw it."""
 
+    __slots__ = ("generation", "liveness", "name", "record", "scope")
     name: str
     generation: str
     record: OwnerRecord | None
     scope: Scope | None
     liveness: Liveness | None  # None when there is no readable record to probe
 
+    def __init__(
+        self, *, name: str, generation: str, record: OwnerRecord | None, scope: Scope | None,
+        liveness: Liveness | None,
+    ) -> None:
+        s = object.__setattr__
+        s(self, "name", name)
+        s(self, "generation", generation)
+        s(self, "record", record)
+        s(self, "scope", scope)
+        s(self, "liveness", liveness)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AcquirePlan:
+
+class AcquirePlan(Frozen):
+    __slots__ = ("conflict", "move_aside")
     conflict: ScannedRecord | None
     move_aside: tuple[str, ...]
+
+    def __init__(self, *, conflict: ScannedRecord | None, move_aside: tuple[str, ...]) -> None:
+        object.__setattr__(self, "conflict", conflict)
+        object.__setattr__(self, "move_aside", move_aside)
 
 
 def _relevant(

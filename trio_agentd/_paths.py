@@ -35,9 +35,19 @@ def normalize_socket_path(path: str | os.PathLike[str]) -> str:
 
 def socket_key(normalized_socket: str) -> str:
     """First 12 hex digits of sha256 of the normalized socket path."""
-    import hashlib  # not on the CLI's warm path: only state-dir users need it
+    return _sha256_hex(normalized_socket.encode())[:12]
 
-    return hashlib.sha256(normalized_socket.encode()).hexdigest()[:12]
+
+def _sha256_hex(data: bytes) -> str:
+    """sha256 of ``data`` in hex, from the interpreter's built-in module where there is one
+    (``ps`` computes it per socket: importing ``hashlib`` loads OpenSSL, which costs more)."""
+    for name in ("_sha256", "_sha2", "hashlib"):  # CPython <= 3.11, 3.12+, any
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        return str(module.sha256(data).hexdigest())
+    raise RuntimeError("no sha256")  # pragma: no cover - hashlib always has it
 
 
 _FIX_HOME = "set --home or TRIO_AGENTD_HOME to a directory you can write, or fix HOME"
@@ -204,8 +214,8 @@ class Layout:
         """An error naming the cause and the fix if the home or the registry cannot be used
         (cannot exist, nor be created); ``None`` otherwise. Creates nothing."""
         try:
-            home = str(self.home)
-            registry = str(self.registry)
+            home = self.home_dir
+            registry = self.registry_dir
         except AgentdError as exc:
             return exc
         for what, path, fix in (
@@ -238,7 +248,7 @@ class Layout:
         """
         if self.home_source is None or not isinstance(served, str) or not served:
             return
-        mine = str(self.home)
+        mine = self.home_dir
         if mine == served or os.path.realpath(mine) == os.path.realpath(served):
             return
         raise AgentdError(
@@ -256,6 +266,20 @@ class Layout:
         if self._home is None:
             object.__setattr__(self, "_home", str(default_home()))
         return Path(str(self._home))
+
+    @property
+    def home_dir(self) -> str:
+        """:attr:`home` as a string, without importing ``pathlib`` when the home is set."""
+        if self._home is None:
+            object.__setattr__(self, "_home", str(default_home()))
+        return str(self._home)
+
+    @property
+    def registry_dir(self) -> str:
+        """:attr:`registry` as a string, without importing ``pathlib`` when it is set."""
+        if self._registry is None:
+            object.__setattr__(self, "_registry", str(default_registry_dir()))
+        return str(self._registry)
 
     @property
     def registry(self) -> Path:

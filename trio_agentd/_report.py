@@ -79,7 +79,7 @@ def run_doctor(layout: Layout, *, fix: bool, dry_run: bool, as_json: bool) -> in
     found = survey(layout)
     problems = [f for f in found if f.verdict.status in PROBLEMS]
     plans: list[tuple[Found, Repair | None]] = [
-        (f, plan_repair(f.socket, f.verdict, home_proven=f.home_proven, home=str(layout.home)))
+        (f, plan_repair(f.socket, f.verdict, home_proven=f.home_proven, home=layout.home_dir))
         for f in problems
     ]
     outcomes: dict[str, Outcome] = {}

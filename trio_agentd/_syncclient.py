@@ -7,9 +7,9 @@ event loop. Trio programs use :func:`trio_agentd.open_client` instead.
 
 from __future__ import annotations
 
+import _socket  # not socket: its import (enum conversions) costs a warm prompt ~10 %
 import json
 import os
-import socket
 import time
 
 from ._defaults import CLIENT, ClientTiming
@@ -131,7 +131,7 @@ _RECV_SIZE = 1 << 18  # a whole chunk event (256 KiB of output, base64) in a few
 
 
 class _Conn:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
         self._scanned = 0  # bytes of ``buf`` known to hold no newline
@@ -226,7 +226,7 @@ def probe(
         if exc.code == ErrorCode.DAEMON_UNAVAILABLE:
             return None  # no socket dir: nobody listens
         raise
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     s.settimeout(timing.connect_timeout)
     try:
         s.connect(layout.socket)
@@ -315,6 +315,15 @@ class SyncClient:
         self.hello: dict[str, Any] = {}
         self.resent = False
         self._route_ids = 0  # route requests have ids of their own ("route-N")
+        self._cached_route: dict[str, Any] | None = None
+
+    def connect_for_prompt(self, session: str, agent: str | None, *, cwd_given: bool) -> None:
+        """Get ready to prompt ``session``: with a usable cached route to its worker (see
+        :func:`_read_route`) the supervisor is not contacted at all, and the prompt goes
+        straight to the worker; otherwise :meth:`connect` as usual."""
+        self._cached_route = _read_route(self.layout, session, agent, cwd_given=cwd_given)
+        if self._cached_route is None:
+            self.connect()
 
     def connect(self) -> dict[str, Any]:
         check_socket_path(self.layout.socket)
@@ -450,13 +459,25 @@ class SyncClient:
         route_args["session"] = session
         deadline = time.monotonic() + RETRY_FOR
         delay = 0.025
+        # a warm prompt goes straight to the worker on the route this session was last
+        # granted (see _read_route); any failure falls back to the supervisor, as a stale
+        # route always has
+        cached, self._cached_route = self._cached_route, None
+        if cached is not None and cached.get("session") != session:
+            cached = None
         while True:
-            self._route_ids += 1
-            route = self._request_supervisor(
-                f"route-{self._route_ids}", "route",
-                {**route_args, "resend": True} if self.resent else route_args, None, None,
-            )
+            from_cache = cached is not None
+            if cached is not None:
+                route, cached = cached, None
+            else:
+                self._route_ids += 1
+                route = self._request_supervisor(
+                    f"route-{self._route_ids}", "route",
+                    {**route_args, "resend": True} if self.resent else route_args, None, None,
+                )
+                _write_route(self.layout, session, route, self.hello)
             conn: _Conn | None = None
+            sent = False
             liveness = _Liveness(
                 self.timing,
                 {"type": "request", "id": f"ping-{rid}", "client_id": self.client_id,
@@ -465,6 +486,7 @@ class SyncClient:
             )
             try:
                 conn = _attach(route, self.timing)
+                sent = True
                 conn.send(frame)
                 try:
                     return _await_response(conn, rid, on_event, liveness)
@@ -490,6 +512,8 @@ class SyncClient:
                     f"session {session}: its worker could not be reached again within"
                     f" {RETRY_FOR:g}s ({error})",
                 ) from None
+            if from_cache and not sent:
+                continue  # the cached route failed before the prompt went out: a first send
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
             self.resent = True
@@ -498,6 +522,119 @@ class SyncClient:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+ROUTE_CACHE_VERSION = 1
+_ROUTE_MARGIN = 5.0  # seconds: a grant this close to its expiry is not used from the cache
+
+
+def route_cache_path(layout: Layout, session: str) -> str:
+    """Where the last route granted for ``session`` on this socket is kept: next to the
+    socket, in its private (0700, proven) dir; never named ``*.sock``, so never mistaken for
+    a supervisor's socket."""
+    return f"{layout.socket}.route-{session}"
+
+
+def _read_route(
+    layout: Layout, session: str, agent: object, *, cwd_given: bool
+) -> dict[str, Any] | None:
+    """The route last granted for ``session``, if it may be used as it is: the file is ours
+    (a regular file of our uid, no group/other bits, not a symlink) in the proven socket dir,
+    well-formed, of this version, granted by the supervisor that still runs (same pid and
+    start id: after a restart or a crash it is bypassed) and serves our home, not about to
+    expire, for the session's agent. ``None`` otherwise: the supervisor is asked, as without
+    a cache. ``--cwd`` always goes to the supervisor (it checks it against the session's)."""
+    if cwd_given:
+        return None
+    try:
+        prove_socket_dir(layout.socket_dir)
+    except AgentdError:
+        return None  # the supervisor path says why (or autostarts one)
+    cached = _read_private_json(route_cache_path(layout, session))
+    if cached is None or cached.get("v") != ROUTE_CACHE_VERSION:
+        return None
+    route, sup = cached.get("route"), cached.get("supervisor")
+    if not isinstance(route, dict) or not isinstance(sup, dict):
+        return None
+    expires, pid, start_id = route.get("expires"), sup.get("pid"), sup.get("start_id")
+    if (route.get("session") != session or not isinstance(route.get("grant"), str)
+            or not isinstance(route.get("worker_socket"), str)
+            or not isinstance(route.get("worker_pid"), int)
+            or not isinstance(expires, (int, float)) or expires - time.time() < _ROUTE_MARGIN
+            or (agent is not None and agent != route.get("agent"))
+            or sup.get("app_version") != APP_VERSION or sup.get("protocol") != PROTOCOL_VERSION
+            or not isinstance(pid, int) or not isinstance(start_id, str)):
+        return None
+    try:
+        layout.check_served_home(sup.get("home"))
+    except AgentdError:
+        return None  # the supervisor path refuses it, naming both homes
+    # the socket's lease names the supervisor that holds the socket now (a restart execs a
+    # new generation in the same process), and its start id says it still runs
+    lease = _read_private_json(layout.lease_path, private=False)
+    if lease is None or (lease.get("pid"), lease.get("generation")) != (pid, sup.get("generation")):
+        return None
+    from ._identity import Liveness, liveness
+
+    if liveness(pid, start_id) is not Liveness.ALIVE:
+        return None  # that supervisor is gone (crashed, even if not yet reaped)
+    return route
+
+
+def _read_private_json(path: str, *, private: bool = True) -> dict[str, Any] | None:
+    """The JSON object in ``path`` if it is a regular file of ours that nobody else may write
+    (``private``: nor read), not a symlink; else ``None``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # none yet (or a symlink: refused)
+    try:
+        st = os.fstat(fd)
+        from ._trust import file_problem
+
+        if file_problem(st, os.getuid()) is not None or (private and st.st_mode & 0o077):
+            return None  # not provably ours (alone): ignored
+        raw = os.read(fd, 1 << 16)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _write_route(
+    layout: Layout, session: str, route: object, hello: dict[str, Any]
+) -> None:
+    """Keep a route the supervisor granted for the next prompt (:func:`_read_route`). A cache:
+    written atomically (0600, a private temp name, then renamed over any old or foreign file),
+    not fsynced; a failure to write only costs the next prompt a route request."""
+    if not isinstance(route, dict) or not isinstance(hello.get("pid"), int):
+        return
+    data = json.dumps({
+        "v": ROUTE_CACHE_VERSION, "route": route,
+        "supervisor": {k: hello.get(k) for k in
+                       ("pid", "start_id", "generation", "app_version", "protocol", "home")},
+    }).encode()
+    path = route_cache_path(layout, session)
+    tmp = os.path.join(layout.socket_dir,
+                       f".{os.path.basename(path)}.{os.urandom(4).hex()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:  # noqa: SIM105 - contextlib is not imported on the warm path
+            os.unlink(tmp)
+        except OSError:
+            pass  # never made, or already renamed: nothing to clean up
 
 
 def _attach(route: dict[str, Any], timing: Timing | ClientTiming) -> _Conn:
@@ -513,7 +650,7 @@ def _attach(route: dict[str, Any], timing: Timing | ClientTiming) -> _Conn:
         if exc.code != ErrorCode.DAEMON_UNAVAILABLE:
             raise
         raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, exc.message) from None
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     s.settimeout(timing.connect_timeout)
     try:
         s.connect(path)

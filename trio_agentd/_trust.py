@@ -95,15 +95,13 @@ def prove_socket_dir(path: str) -> None:
 def peer_uid(sock: _Socket) -> int | None:
     """The uid of a connected Unix-socket peer (``SO_PEERCRED``), or ``None`` where the OS has
     no such option (there the socket dir's proof stands alone)."""
-    import socket as _socket
+    import _socket  # not socket: its import costs more than a ps
 
     option = getattr(_socket, "SO_PEERCRED", None)
     if option is None:
         return None
-    import struct
-
-    raw = sock.getsockopt(_socket.SOL_SOCKET, option, struct.calcsize("3i"))
-    return int(struct.unpack("3i", raw)[1])
+    raw = sock.getsockopt(_socket.SOL_SOCKET, option, 12)  # struct ucred: pid, uid, gid
+    return int.from_bytes(raw[4:8], sys.byteorder, signed=True)
 
 
 def prove_peer(sock: _Socket, path: str) -> None:

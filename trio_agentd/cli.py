@@ -545,12 +545,13 @@ def _read_prompt_from_stdin() -> str | None:
     return text[:-1] if text.endswith("\n") else text
 
 
-def _client(layout: Layout, *, autostart: bool = True) -> Any:
+def _client(layout: Layout, *, autostart: bool = True, connect: bool = True) -> Any:
     from ._syncclient import SyncClient
 
     client = SyncClient(layout, autostart=autostart)
     client.progress = lambda line: print(f"trio-agentd: {line}", file=sys.stderr, flush=True)
-    client.connect()
+    if connect:
+        client.connect()
     return client
 
 
@@ -617,7 +618,8 @@ def _cmd_prompt(layout: Layout, args: PromptArgs) -> int:
         Output(kept["stdout"].append, kept["stderr"].append) if args.json
         else Output(out.write_bytes, err.write_bytes)
     )
-    client = _client(layout)
+    client = _client(layout, connect=False)
+    client.connect_for_prompt(args.session, args.agent, cwd_given=bool(cwd))
     result = client.request(
         "prompt",
         {"session": args.session, "text": text, "agent": args.agent, **cwd},

@@ -91,8 +91,9 @@ def test_idle_clients_beyond_the_descriptor_limit_get_one_error_line_and_the_dae
         assert error["code"] == "resource_exhausted", refused
         assert "too many open files (RLIMIT_NOFILE 64)" in str(error["message"])
 
-        # a prompt while the daemon is out of descriptors: one clear line, exit non-zero
-        cp = denv.run("-p", "-s", "a", "during")
+        # a prompt while the daemon is out of descriptors: one clear line, exit non-zero (to
+        # a session with no cached route: one with a route goes straight to its worker)
+        cp = denv.run("-p", "-s", "c", "during")
         assert cp.returncode != 0
         assert "too many open files (RLIMIT_NOFILE 64)" in cp.stderr, cp.stderr
         assert "Traceback" not in cp.stderr

@@ -20,7 +20,8 @@ def test_a_paused_supervisor_gets_patience_and_a_progress_line(denv: DaemonEnv) 
     sup = int(denv.owner()["pid"])
     os.kill(sup, signal.SIGSTOP)
     try:
-        p = denv.popen("-p", "again")
+        # another session: no cached route, so the CLI must ask the paused supervisor
+        p = denv.popen("-p", "-s", "other", "again")
         assert p.stderr is not None
         line = p.stderr.readline()  # after the hello timeout: the first progress line
         assert line == f"trio-agentd: supervisor pid {sup} not answering for 1.5 s…\n"
@@ -28,7 +29,7 @@ def test_a_paused_supervisor_gets_patience_and_a_progress_line(denv: DaemonEnv) 
         os.kill(sup, signal.SIGCONT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
-    assert out == "[echo turn 2] again\n"
+    assert out == "[echo turn 1] again\n"
     assert "doctor" not in err  # never advised to repair a supervisor that was only paused
 
 

@@ -128,3 +128,64 @@ def test_listening_sockets_show_a_deleted_socket_file(tmp_path: Path) -> None:
         listeners = _doctor.listening_sockets(set())
         assert listeners is not None
         assert (path, False, "gone") in listeners
+
+
+def test_hello_probes_run_at_once(tmp_path: Path) -> None:
+    """ps reads every supervisor's hello concurrently: here each listener says hello only once
+    all of them are connected, which probes made one after another would never see (the
+    first would wait for its hello until its timeout)."""
+    import threading
+
+    sock_dir = tmp_path / "s"
+    sock_dir.mkdir(mode=0o700)
+    paths = [str(sock_dir / f"d{i}.sock") for i in range(5)]
+    listeners = []
+    for path in paths:
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lst.bind(path)
+        lst.listen(1)
+        listeners.append(lst)
+
+    def serve() -> None:
+        conns = [lst.accept()[0] for lst in listeners]  # every probe connected first
+        for i, conn in enumerate(conns):
+            conn.sendall(json.dumps({"type": "hello", "generation": f"g{i}"}).encode() + b"\n")
+            conn.close()
+
+    class Patient:
+        connect_timeout = 1.0
+        hello_timeout = 20.0  # the test's deadline: a sequential probe fails only after it
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        got = _doctor.probe_hellos([*paths, str(sock_dir / "none.sock")],
+                                   Patient())  # type: ignore[arg-type]
+    finally:
+        for lst in listeners:
+            lst.close()
+    server.join(timeout=20)
+    assert not server.is_alive()
+    for i, path in enumerate(paths):
+        result = got[path]
+        assert not isinstance(result, _doctor.Untrusted)
+        assert result[:2] == (True, True)
+        assert result[2] is not None
+        assert result[2]["generation"] == f"g{i}"
+    assert got[str(sock_dir / "none.sock")] == (False, False, None)
+
+
+def test_an_untrusted_socket_dir_does_not_stop_the_other_probes(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir(mode=0o700)
+    bad.mkdir(mode=0o755)
+    bad.chmod(0o755)
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lst.bind(str(good / "d.sock"))
+    lst.listen(1)
+    try:
+        got = _doctor.probe_hellos([str(bad / "d.sock"), str(good / "d.sock")])
+    finally:
+        lst.close()
+    assert isinstance(got[str(bad / "d.sock")], _doctor.Untrusted)
+    assert got[str(good / "d.sock")] == (True, True, None)  # accepted, no hello in time

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import sys
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -33,6 +32,7 @@ from trio_agentd._doctor_plan import (
     plan_repair,
     remedy,
 )
+from trio_agentd._plain import replace
 from trio_agentd._report import print_table
 
 PROTO = 1

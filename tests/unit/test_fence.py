@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from trio_agentd._fence import Claim, Fence
 from trio_agentd._ownership import OwnerRecord, Phase
+from trio_agentd._plain import replace
 
 GEN = "f" * 32
 SOCKET = "/run/user/1000/trio-agentd/daemon.sock"
@@ -177,7 +179,7 @@ def test_supervisor_gone(now: str | None) -> None:
 
 
 def test_claim_without_start_id_holds_while_it_cannot_be_read() -> None:
-    claim = replace(CLAIM, start_id=None)
+    claim = dataclasses.replace(CLAIM, start_id=None)
     reg = FakeRegistry(
         records={GEN: replace(RECORD, start_id=None).to_json()}, start_ids={4242: None}
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -28,6 +27,7 @@ from trio_agentd._ownership import (
     plan_acquire,
     plan_restore,
 )
+from trio_agentd._plain import replace
 
 SOCKET = "/run/user/1000/trio-agentd/daemon.sock"
 STATE_DIR = "/home/u/.local/state/trio-agentd/daemons/51a6f2933dc0"

@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import trio
 import trio.testing
 
 from .._ownership import RECORD_VERSION, OwnerRecord, Phase
+from .._plain import replace
 from .._worker import WorkerCore
 from ..agents import Agent, EchoAgent
 from ..timing import DEFAULT_TIMING, Timing
@@ -69,7 +69,7 @@ class MemoryRegistry:
         return rec
 
     def replace(self, rec: OwnerRecord, **changes: object) -> OwnerRecord:
-        new = dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
+        new = replace(rec, **changes)
         self.records[rec.generation] = new.to_json()
         return new
 

@@ -1,0 +1,114 @@
+"""The plain value classes of the ps path (trio_agentd._plain) and the record time parser."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_agentd._doctor import utc_epoch
+from trio_agentd._doctor_plan import Hello, Status, Verdict
+from trio_agentd._ownership import OwnerRecord, Phase
+from trio_agentd._plain import replace
+
+V = Verdict(status=Status.CURRENT, generation="g1", pid=7, start_id="b:1")
+
+
+def test_equal_by_fields_hashable_and_frozen() -> None:
+    same = Verdict(status=Status.CURRENT, generation="g1", pid=7, start_id="b:1")
+    assert same == V
+    assert hash(same) == hash(V)
+    assert len({V, same}) == 1
+    assert replace(V, pid=8) != V
+    assert Hello(generation="g1", pid=7, start_id="b:1", protocol=1, app_version="x") != V
+    with pytest.raises(AttributeError):
+        V.pid = 9
+    with pytest.raises(AttributeError):
+        del V.pid
+    assert repr(V) == ("Verdict(cause=None, generation='g1', pid=7, start_id='b:1',"
+                       " status=<Status.CURRENT: 'current'>)")
+
+
+def test_replace_refuses_an_unknown_field() -> None:
+    with pytest.raises(TypeError, match="no field 'nope'"):
+        replace(V, nope=1)
+
+
+def test_owner_record_round_trips_and_changes_phase() -> None:
+    rec = OwnerRecord(version=1, generation="g", token="t", pid=1, start_id=None, socket="/s",
+                      home="/h", state_dir="/d", app_version="0.1.0", protocol=1,
+                      phase=Phase.OWNER, created_at="c", updated_at="u")
+    assert OwnerRecord.from_json(rec.to_json()) == rec
+    later = rec.with_phase(Phase.STOPPING, "v")
+    assert (later.phase, later.updated_at, later.generation) == (Phase.STOPPING, "v", "g")
+    assert b'"phase": "stopping"' in later.to_json()
+
+
+def test_ps_imports_no_dataclasses_pathlib_socket_or_signal() -> None:
+    """What ps and doctor load: each of these costs more than the rest of a ps (modules the
+    interpreter had loaded before, as an editable install's import hook does, do not count)."""
+    code = ("import sys; before = set(sys.modules); from trio_agentd import _report, cli; "
+            "print(sorted(m for m in ('dataclasses', 'pathlib', 'socket', 'signal', 'inspect',"
+            " 'datetime', 'hashlib', 'platformdirs', 'typing') if m in set(sys.modules) - before))")
+    out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+_TIMES = st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31))
+
+
+@given(_TIMES, st.sampled_from(["milliseconds", "microseconds", "seconds"]),
+       st.sampled_from(["Z", "+00:00"]))
+def test_utc_epoch_agrees_with_datetime(when: dt.datetime, spec: str, suffix: str) -> None:
+    text = when.isoformat(timespec=spec) + suffix
+    parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    expected = (parsed - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)).total_seconds()
+    assert utc_epoch(text) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("text", [
+    "", "garbage", "2024-01-01T00:00:00", "2024-01-01T00:00:00+02:00", "2024-02-30T00:00:00Z",
+    "2024-13-01T00:00:00Z", "2024-01-01T24:00:00Z", "2024-01-01 00:00:00Z",
+    "2024-01-01T00:00:00.Z", "2024-01-01T00:00:00.1x2Z", "\uff12\uff10\uff12\uff14-01-01T00:00:00Z",
+    "+024-01-01T00:00:00Z",
+])
+def test_utc_epoch_refuses_other_shapes(text: str) -> None:
+    assert utc_epoch(text) is None
+
+
+@given(st.text(max_size=70) | st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,66}", fullmatch=True))
+def test_session_id_rule_is_the_regular_expression(value: str) -> None:
+    import re
+
+    from trio_agentd._sessionid import is_session_id
+
+    rule = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+    assert is_session_id(value) == (rule.fullmatch(value) is not None)
+
+
+def test_peer_uid_is_ours() -> None:
+    import os
+    import socket
+
+    from trio_agentd._trust import peer_uid
+
+    a, b = socket.socketpair(socket.AF_UNIX)
+    with a, b:
+        assert peer_uid(a) == os.getuid()
+
+
+def test_the_warm_prompt_imports_only_json_beyond_the_interpreter() -> None:
+    """What ``trio-agentd -p`` loads besides the package: json, and the socket module's C
+    half (the console script itself loads ``re``)."""
+    code = ("import sys, re; before = set(sys.modules); import trio_agentd.cli, "
+            "trio_agentd._syncclient, trio_agentd._identity; print(sorted(m for m in "
+            "set(sys.modules) - before if not m.startswith('trio_agentd')))")
+    out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == str(
+        ["_json", "_socket", "json", "json.decoder", "json.encoder", "json.scanner"])
