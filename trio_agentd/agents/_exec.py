@@ -230,7 +230,7 @@ class _GroupRun:
             if pipe is not None:
                 assert isinstance(pipe, trio.lowlevel.FdStream)
                 self.pipes[is_err] = pipe
-                _widen(pipe.fileno())
+                widen_pipe(pipe.fileno())
         self.pidfd = pidfd
         self.feeder = feeder
         self.leader_exited = False
@@ -340,7 +340,7 @@ class _GroupRun:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return is_err, data
             if self.pipes:
-                await _wait_any_readable([p.fileno() for p in self.pipes.values()])
+                await first_readable([p.fileno() for p in self.pipes.values()])
         return False, b""
 
     async def wait_leader_exit(self) -> None:
@@ -386,7 +386,7 @@ class _GroupRun:
                 self.pipes.clear()
 
 
-def _widen(fd: int) -> None:
+def widen_pipe(fd: int) -> None:
     """Give an output pipe room for more than the default 64 KiB, so a fast writer fills it
     while we send, and we read it in fewer, bigger pieces. Optional: beyond the system's
     pipe-max-size it stays as it was."""
@@ -396,19 +396,22 @@ def _widen(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
 
 
-async def _wait_any_readable(fds: list[int]) -> None:
-    """Until one of ``fds`` (at most two) is readable."""
+async def first_readable(fds: list[int]) -> int:
+    """The first of ``fds`` to turn readable (one wait, no task, for a single fd)."""
     if len(fds) == 1:
         await trio.lowlevel.wait_readable(fds[0])
-        return
+        return fds[0]
+    ready: list[int] = []
     async with trio.open_nursery() as nursery:
 
         async def wait(fd: int) -> None:
             await trio.lowlevel.wait_readable(fd)
+            ready.append(fd)
             nursery.cancel_scope.cancel()
 
         for fd in fds:
             nursery.start_soon(wait, fd)
+    return ready[0]
 
 
 def _close_gate(write_end: int, feeder: _StdinFeeder | None) -> None:

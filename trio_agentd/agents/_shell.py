@@ -75,7 +75,7 @@ from .._errors import AgentdError, ErrorCode
 from .._fs import atomic_write, read_bytes
 from .._identity import GroupIdentity, read_start_id
 from ._base import Chunk, ExitStatus, Stderr, TurnContext
-from ._exec import KILL_GRACE, _spawn_error, child_environment
+from ._exec import KILL_GRACE, _spawn_error, child_environment, first_readable, widen_pipe
 
 log = logging.getLogger("trio_agentd.agents.shell")
 
@@ -209,8 +209,8 @@ class _Shell:
         ours.setblocking(False)
         os.set_blocking(out_r, False)
         os.set_blocking(err_r, False)
-        _widen(out_r)  # room for a fast writer while we send, read in bigger pieces
-        _widen(err_r)
+        widen_pipe(out_r)  # room for a fast writer while we send, read in bigger pieces
+        widen_pipe(err_r)
         return cls(proc, os.pidfd_open(proc.pid), ours, out_r, err_r, cwd)
 
     # --- the control channel -------------------------------------------------------------
@@ -300,7 +300,7 @@ class _Shell:
             fds.append(self.control.fileno())
         if not self.exited:
             fds.append(self.pidfd)
-        ready = await _wait_any(fds)
+        ready = await first_readable(fds)
         if ready == self.pidfd:
             self.exited = True
             while not self.control_eof:  # an answer it wrote before it went
@@ -378,27 +378,6 @@ def _close_all(sock: socket.socket, *fds: int) -> None:
     sock.close()
     for fd in fds:
         os.close(fd)
-
-
-async def _wait_any(fds: list[int]) -> int:
-    """The first of ``fds`` to turn readable."""
-    ready: list[int] = []
-    async with trio.open_nursery() as nursery:
-
-        async def wait(fd: int) -> None:
-            await trio.lowlevel.wait_readable(fd)
-            ready.append(fd)
-            nursery.cancel_scope.cancel()
-
-        for fd in fds:
-            nursery.start_soon(wait, fd)
-    return ready[0]
-
-
-def _widen(fd: int) -> None:
-    """An output pipe of 1 MiB rather than 64 KiB, where the system allows it (optional)."""
-    with contextlib.suppress(OSError):  # EPERM past /proc/sys/fs/pipe-max-size: harmless
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
 
 
 def _read_some(fd: int, size: int = _READ_SIZE) -> bytes | None:
