@@ -67,7 +67,7 @@ PM2_PIN = "7.0.4"
 MARKER = "PEERS_BENCH_RUN"
 PEERS = ("supervisord", "circus", "pm2")
 FIGURES = ("status_cmd_ms", "daemon_kill9_survival", "child_restart_ms", "idle_cpu_pct",
-           "memory_mb")
+           "memory_mb", "lifecycle_ms")
 CIRCUS_CHECK_DELAY = 0.1  # s; circus's own default is 5 s (measured too, see _DEFAULT below)
 _DEFAULT = "_default_check_delay"
 
@@ -365,6 +365,10 @@ class Peer:
     def log_file(self) -> Path:
         raise NotImplementedError
 
+    def stop_argv(self) -> list[str]:
+        """The peer's clean stop of its daemon and every program."""
+        raise NotImplementedError
+
     def before_kill9(self) -> None:
         """What a careful user does so the peer can recover its programs (nothing by default)."""
 
@@ -431,13 +435,13 @@ class Peer:
             if _alive(pid, None):
                 self.tracker.note(pid, daemon=True)
 
-    def start(self, timeout: float = 120) -> dict[str, int]:
+    def start(self, timeout: float = 120, poll: float = 0.2) -> dict[str, int]:
         self.write_config()
         self._cli(self.start_argv())
         self.daemon_pid()
-        return self.wait_running(timeout)
+        return self.wait_running(timeout, poll)
 
-    def wait_running(self, timeout: float) -> dict[str, int]:
+    def wait_running(self, timeout: float, poll: float = 0.2) -> dict[str, int]:
         """Until the status shows every program running with a live pid."""
         deadline = time.monotonic() + timeout
         shown: dict[str, int] = {}
@@ -450,7 +454,7 @@ class Peer:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name}: {len(shown)}/{self.n} programs running after "
                                    f"{timeout:.0f} s; log: {self.log_tail()}")
-            time.sleep(0.2)
+            time.sleep(poll)
 
     def program_pids(self) -> dict[str, int]:
         """Program name → pid of the daemon's live child running it (from /proc)."""
@@ -497,6 +501,9 @@ class Supervisord(Peer):
 
     def status_argv(self) -> list[str]:
         return [str(VENV / "bin" / "supervisorctl"), "-c", str(self.conf), "status"]
+
+    def stop_argv(self) -> list[str]:
+        return [str(VENV / "bin" / "supervisorctl"), "-c", str(self.conf), "shutdown"]
 
     def shown(self) -> dict[str, int]:
         out = {}
@@ -554,6 +561,9 @@ class Circus(Peer):
     def status_argv(self) -> list[str]:
         return [str(VENV / "bin" / "circusctl"), "--endpoint", self.endpoint, "status"]
 
+    def stop_argv(self) -> list[str]:
+        return [str(VENV / "bin" / "circusctl"), "--endpoint", self.endpoint, "quit"]
+
     def shown(self) -> dict[str, int]:
         out = subprocess.run([str(VENV / "bin" / "circusctl"), "--endpoint", self.endpoint,
                               "--json", "stats"], env=self.env, stdin=subprocess.DEVNULL,
@@ -599,6 +609,9 @@ class Pm2(Peer):
 
     def status_argv(self) -> list[str]:
         return [self.pm2, "jlist"]
+
+    def stop_argv(self) -> list[str]:
+        return [self.pm2, "kill"]
 
     def shown(self) -> dict[str, int]:
         text = self.status_output()
@@ -867,6 +880,50 @@ def memory_mb(peer: Peer) -> Result:
 # the run
 
 
+LIFECYCLE_POLL = 0.02  # s between status commands while waiting for "all running"
+
+
+def _stop_and_wait(peer: Peer, timeout: float = 120) -> float:
+    """Seconds from the peer's clean-stop command to its daemon and every program gone."""
+    pids = {peer.daemon_pid(): None, **{p: None for p in peer.program_pids().values()}}
+    idents = {pid: _ident(pid) for pid in pids}
+    t0 = time.perf_counter()
+    subprocess.run(peer.stop_argv(), env=peer.env, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    for pid, ctime in idents.items():
+        if not _wait_gone(pid, ctime, max(0.0, deadline - time.monotonic())):
+            raise RuntimeError(f"{peer.name}: pid {pid} still running {timeout:.0f} s after "
+                               f"{' '.join(peer._short(peer.stop_argv()))}")
+    dt = time.perf_counter() - t0
+    peer.tracker.reap_strays()
+    return dt
+
+
+def lifecycle_ms(name: str, root: Path, tracker: Tracker, n: int, reps: int) -> Result:
+    """Startup (no daemon) → 1 program reported running; launch → ``n`` reported running;
+    clean stop with ``n`` → daemon and programs gone. The clock of a start runs from the
+    start command to the status command that first shows every program running with a live
+    pid (status polled every ``LIFECYCLE_POLL`` s)."""
+    startup: list[float] = []
+    launch: list[float] = []
+    stop: list[float] = []
+    for i in range(reps):
+        one = _make(name, root / f"one{i}", 1, tracker)
+        t0 = time.perf_counter()
+        one.start(poll=LIFECYCLE_POLL)
+        startup.append(time.perf_counter() - t0)
+        _stop_and_wait(one)
+        many = _make(name, root / f"many{i}", n, tracker)
+        t0 = time.perf_counter()
+        many.start(poll=LIFECYCLE_POLL)
+        launch.append(time.perf_counter() - t0)
+        stop.append(_stop_and_wait(many))
+        tracker.kill_all()
+    return {"startup": _stats(startup), "launch": _stats(launch), "stop": _stats(stop),
+            "programs": n, "reps": reps, "status_poll_s": LIFECYCLE_POLL}
+
+
 def _try(fn: Callable[[], Result]) -> Result:
     try:
         return fn()
@@ -897,6 +954,11 @@ def run(quick: bool = False) -> dict[str, Any]:
                          results)
             tracker.kill_all()
             _phase_big(root / "b", big, window, usable, tracker, results)
+            tracker.kill_all()
+            for name in usable:
+                results[name]["lifecycle_ms"] = _try(functools.partial(
+                    lifecycle_ms, name, root / "c" / name, tracker, big, 1 if quick else 3))
+                tracker.kill_all()
         finally:
             tracker.kill_all()
             shutil.rmtree(root, ignore_errors=True)
@@ -989,6 +1051,10 @@ def _fmt(fig: str, r: Result) -> str:
     if fig.startswith("idle_cpu_pct"):
         return (f"{r['total_pct']:.2f} % of a core (daemon {r['daemon_pct']:.2f} %), "
                 f"{r['programs']} programs, {r['window_s']} s")
+    if fig == "lifecycle_ms":
+        return "  ".join(f"{k} median {r[k]['median']:.0f} ms (min {r[k]['min']:.0f}, max "
+                         f"{r[k]['max']:.0f}, n={r[k]['n']})"
+                         for k in ("startup", "launch", "stop"))
     if fig == "memory_mb":
         return (f"daemon RSS {r['daemon_rss']} MB (PSS {r['daemon_pss']}); per program RSS "
                 f"{r.get('program_rss_median')} MB, PSS {r.get('program_pss_median')} MB "

@@ -24,8 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trio_agentd._identity import read_start_id
+
 from ._common import Env, _our_pids, machine, private_env, summary, timed
-from .recovery import BenchError, _supervisor
+from .recovery import BenchError, _supervisor, _workers
 
 COLD_GOAL_MS = 400.0
 _REPLY = re.compile(r"^\[echo turn (\d+)\] hi$")
@@ -148,9 +150,67 @@ def concurrent(sizes: tuple[int, ...], reps: int) -> list[dict[str, Any]]:
             for n, rs in runs.items()]
 
 
+# one client process: ``n`` new sessions at once, each answering its first prompt
+_LAUNCH = """
+import sys, trio, trio_agentd
+N = int(sys.argv[1])
+async def main():
+    async with trio_agentd.open_client() as c:
+        async def one(i):
+            reply = await c.prompt(f"b{i}", f"hi{i}")
+            assert reply == f"[echo turn 1] hi{i}\\n", reply
+        async with trio.open_nursery() as n:
+            for i in range(N):
+                n.start_soon(one, i)
+trio.run(main)
+"""
+
+
+def bulk_once(env: Env, n: int) -> tuple[float, float]:
+    """(launch, stop) seconds: from no daemon, one client process creating ``n`` sessions at
+    once until each answered its first prompt (the client autostarts the supervisor); then
+    ``trio-agentd shutdown`` until the supervisor and every worker are gone."""
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _LAUNCH, str(n)], env=env.env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    launch = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise BenchError(f"launching {n} sessions exited {out.returncode}: {out.stderr[-400:]!r}")
+    deadline = time.monotonic() + 10  # descriptors are committed in groups, just after
+    while len(workers := _workers(env)) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sup = _supervisor(env)
+    if sup is None or len(workers) != n:
+        raise BenchError(f"after the launch: supervisor {sup}, {len(workers)} of {n} workers")
+    procs = [sup, *workers.values()]
+    t0 = time.perf_counter()
+    subprocess.run(env.cli("shutdown"), env=env.env, stdin=subprocess.DEVNULL,
+                   capture_output=True, timeout=120, check=True)
+    deadline = time.monotonic() + 60
+    while any(read_start_id(pid) == sid for pid, sid in procs):
+        if time.monotonic() > deadline:
+            raise BenchError("processes left 60 s after `trio-agentd shutdown`")
+        time.sleep(0.002)
+    return launch, time.perf_counter() - t0
+
+
+def bulk(n: int, reps: int) -> dict[str, Any]:
+    launch: list[float] = []
+    stop: list[float] = []
+    for rep in range(reps):
+        with private_env() as env:
+            a, b = bulk_once(env, n)
+        launch.append(a)
+        stop.append(b)
+        print(f"  {n} sessions, rep {rep + 1}/{reps}: launch {a * 1000:6.0f} ms, shutdown"
+              f" {b * 1000:6.0f} ms", file=sys.stderr)
+    return {"sessions": n, "launch_ms": summary(launch), "stop_ms": summary(stop)}
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     return {"cold": cold_start(5 if quick else 10),
-            "concurrent": concurrent((15, 64), 2 if quick else 3)}
+            "concurrent": concurrent((15, 64), 2 if quick else 3),
+            "bulk": bulk(100, 1 if quick else 3)}
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ exactly how often a command started and finished across kills.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import AsyncIterator
 
@@ -49,3 +50,17 @@ def slow_replayable() -> SlowReplayable:
 
 def slow_once() -> SlowOnce:
     return SlowOnce()
+
+
+class _Echo:
+    replayable = True
+
+    async def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
+        yield f"[echo turn {ctx.turn}] {prompt}\n"
+
+
+def at_exit() -> _Echo:
+    """An echo agent whose process, when it ends, appends ``atexit <pid>`` (an agent's
+    ``atexit`` handler runs however its worker leaves)."""
+    atexit.register(_append, f"atexit {os.getpid()}")
+    return _Echo()

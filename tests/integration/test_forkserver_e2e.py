@@ -243,3 +243,48 @@ def test_restart_keeps_forked_workers_and_ends_the_old_template(denv: DaemonEnv)
     assert denv.prompt("hi", session="a") == "[echo turn 2] hi"
     assert _worker(denv, "a") == worker
     assert "Traceback" not in denv.log_text()
+
+
+def test_an_agents_atexit_handlers_run_when_its_worker_ends_forked_or_execd(
+    denv: DaemonEnv, tmp_path: Path,
+) -> None:
+    """A worker leaves with ``os._exit`` (no interpreter teardown), after the ``atexit``
+    handlers: an agent's run whether it was stopped by ``kill``, by a TERM or by a shutdown,
+    and whether its worker was forked by the template or exec'd."""
+    runs = tmp_path / "runs.log"
+    # the supervisor (autostarted by the first prompt) never restarts a dead template
+    extra = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "TA_FIXTURE_FILE": str(runs),
+             "TRIO_AGENTD_TIMING": json.dumps({"fork_template_restart_delay": 3600})}
+    agent = "tests.fixture_agents:at_exit"
+
+    def start(session: str) -> int:
+        cp = cli(denv, "-p", "-s", session, "--agent", agent, "hi", extra=extra)
+        assert cp.returncode == 0, cp.stderr
+        assert cp.stdout == "[echo turn 1] hi\n"
+        return _worker(denv, session)
+
+    def ran_atexit(pid: int) -> bool:
+        return runs.exists() and f"atexit {pid}" in runs.read_text().splitlines()
+
+    killed = start("k")
+    sup = denv.owner()["pid"]
+    assert _forked(killed, sup)
+    assert cli(denv, "kill", "k").returncode == 0
+    wait_for(lambda: not _alive(killed), timeout=30, what="the killed worker to exit")
+    assert ran_atexit(killed)
+
+    termed = start("t")
+    os.kill(termed, signal.SIGTERM)  # an operator's TERM: a clean stop
+    wait_for(lambda: not _alive(termed), timeout=30, what="the TERMed worker to exit")
+    assert ran_atexit(termed)
+
+    # with the template dead, the next worker is exec'd; a shutdown ends it
+    template = _template(denv, sup)
+    os.kill(template, signal.SIGKILL)
+    wait_for(lambda: not _alive(template), timeout=10, what="the template to die")
+    execd = start("e")
+    assert _argv(execd)[-2:] == ["-m", "trio_agentd.worker"]
+    assert denv.run("shutdown").returncode == 0
+    wait_for(lambda: not _alive(execd), timeout=30, what="the exec'd worker to exit")
+    assert ran_atexit(execd)
+    assert "Traceback" not in denv.log_text()
