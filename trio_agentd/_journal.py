@@ -74,6 +74,11 @@ class JournalState:
                 self.cancelled.add(k)
         elif kind == "started":
             self.started.add(k)
+        elif kind == "dropped":
+            # accepted, then refused before its agent ran (its started marker or a flush
+            # could not be written): forgotten, as if never accepted; a resend runs it
+            self.accepted.pop(k, None)
+            self.started.discard(k)
         elif kind in ("group", "group_stopped"):
             try:
                 pid = int(rec["pid"])
@@ -106,6 +111,11 @@ def parse(data: bytes) -> JournalState:
             continue
         state.apply(rec)
     return state
+
+
+def dropped(client_id: str, command_id: str | int) -> bytes:
+    """An accepted command that never ran (told ``storage_error``, "not run"): it ends here."""
+    return _line({"kind": "dropped", "client_id": client_id, "id": command_id})
 
 
 def accepted(

@@ -194,7 +194,7 @@ class Journal:
     def _apply(self, line: bytes) -> None:
         rec = json.loads(line)
         self.state.apply(rec)
-        if rec.get("kind") not in ("started", "group", "group_stopped"):
+        if rec.get("kind") not in ("started", "dropped", "group", "group_stopped"):
             # markers ride along: compaction counts commands
             self._lines += 1
 
@@ -1295,17 +1295,24 @@ class WorkerCore:
                 raise
             running.error = exc  # it never ran (_run_turn answers for a turn that ran)
             seq = 0
+            if self.journal is not None and k in self.journal.state.accepted:
+                # its acceptance ends here (no accepted command is left without its end);
+                # a record that cannot be written now is kept and written before the next
+                # one (the journal logged why)
+                with contextlib.suppress(AgentdError):
+                    self.journal.append(_journal.dropped(k[0], k[1]), keep=True)
         finally:
             self._turn_running = None
             self._turn.release()
             self._note_agent_start(running)
             self._notify(Notice(kind="turn_done", turn=self.turns, failure=self.agent_failure))
         if self.journal is not None:
-            try:
-                with trio.CancelScope(shield=True):
-                    await self.journal.sync(seq, inline=self._alone())
-            except AgentdError as exc:
-                running.error = _ran(exc)  # the turn ran; its outcome is kept in the backlog
+            if seq:  # (0: it never ran, and its client is told so; nothing to wait for)
+                try:
+                    with trio.CancelScope(shield=True):
+                        await self.journal.sync(seq, inline=self._alone())
+                except AgentdError as exc:
+                    running.error = _ran(exc)  # the turn ran; its outcome is kept
             if self.journal.wants_compaction():
                 if self.transcript is not None:
                     with contextlib.suppress(OSError):  # logged when written; kept

@@ -255,10 +255,39 @@ async def test_failed_started_marker_never_runs_the_turn_and_a_resend_runs_it(
     storage_failure(await ask(sup, 1, "x", "c1"), journal, ran=False)
     assert agent.prompts == []
     assert_released(core)
-    assert kinds(journal) == [("accepted", "c1")]
+    # its acceptance ends at once: no accepted command is left without its end
+    assert kinds(journal) == [("accepted", "c1"), ("dropped", "c1")]
+    assert _journal.parse(journal.path.read_bytes()).pending() == []
     disk.free()
     assert await ask(sup, 2, "x", "c1") == reply(2, 1, "reply 1: x")
     assert agent.prompts == ["x"]
+    assert _journal.parse(journal.path.read_bytes()).pending() == []
+
+
+async def test_a_command_refused_while_the_disk_is_full_ends_once_space_returns(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    disk: Disk,
+    files: tuple[Journal, Transcript],
+) -> None:
+    """Accepted, then the disk fills before it runs: the client is told it did not run, and
+    the record that ends its acceptance, which cannot be written yet, is written before the
+    next record once space returns."""
+    agent = NonReplayable()
+    core, registry = make_core(agent, files)
+    journal = files[0]
+    sup = await start(nursery, core, registry)
+    # the acceptance lands; everything after it (its started marker too) finds the disk full
+    disk.fill(lambda path, data: path.endswith("s1.jsonl") and b'"kind":"accepted"' not in data)
+    storage_failure(await ask(sup, 1, "x", "c1"), journal, ran=False)
+    assert agent.prompts == []
+    assert_released(core)
+    assert kinds(journal) == [("accepted", "c1")]  # its end is kept, not yet written
+    disk.free()
+    assert await ask(sup, 2, "y", "c2") == reply(2, 1, "reply 1: y")
+    assert kinds(journal)[:2] == [("accepted", "c1"), ("dropped", "c1")]
+    assert _journal.parse(journal.path.read_bytes()).pending() == []
+    assert agent.prompts == ["y"]
 
 
 # --- a failed flush --------------------------------------------------------------------------
