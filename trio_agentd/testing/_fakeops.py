@@ -26,7 +26,7 @@ from .._worker import watched_refence
 from .._workerlink import WorkerLink, link_over_stream
 from ..agents import Agent
 from ..timing import DEFAULT_TIMING, Timing
-from . import MemoryRegistry, make_worker_core
+from ._memory import MemoryRegistry, make_worker_core
 
 if TYPE_CHECKING:
     from .._supervisor import Supervisor
