@@ -14,6 +14,7 @@ from .._worker import WorkerCore
 from ..agents import Agent, EchoAgent
 from ..timing import DEFAULT_TIMING, Timing
 
+#: ``trio.testing.memory_stream_pair``: two connected in-memory streams
 memory_stream_pair = trio.testing.memory_stream_pair
 
 
@@ -21,6 +22,7 @@ def make_owner_record(
     *, generation: str, pid: int, start_id: str | None = "boot:1", socket: str = "/run/s.sock",
     token: str = "t0k3n",
 ) -> OwnerRecord:
+    """A supervisor's owner record (phase ``owner``) with test values for what is not given."""
     return OwnerRecord(
         version=RECORD_VERSION,
         generation=generation,
