@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .._handle import WorkerHandle as WorkerHandle
-    from .._protocol import Response as Response
     from .._recovery import Mode as Mode
     from ._daemon import DaemonEnv as DaemonEnv
     from ._daemon import daemon_env as daemon_env
@@ -73,7 +72,6 @@ if TYPE_CHECKING:
 # public name -> the module (relative to this package) that defines it
 _LAZY = {
     "WorkerHandle": ".._handle",
-    "Response": ".._protocol",
     "Mode": ".._recovery",
     "DaemonEnv": "._daemon",
     "daemon_env": "._daemon",
@@ -108,7 +106,6 @@ __all__ = [
     "MemoryListener",
     "MemoryRegistry",
     "Mode",
-    "Response",
     "WorkerHandle",
     "daemon_env",
     "make_owner_record",

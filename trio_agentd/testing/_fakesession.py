@@ -46,7 +46,7 @@ class FakeSession:
 
     async def prompt(self, text: str, *, client_id: str = "test") -> Response:
         """Send a prompt as the supervisor would (a new ``command_id`` each time): the
-        worker's :class:`~trio_agentd._protocol.Response` (``.ok``, ``.result["reply"]``).
+        worker's response: ``.ok``, and ``.result["reply"]`` or ``.error``.
 
         Waits until the session is ready, spawning its worker if none runs.
 
