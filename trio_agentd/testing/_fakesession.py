@@ -41,7 +41,7 @@ class FakeSession:
     ops: FakeWorkerOps
     nursery: trio.Nursery
     _command_ids: itertools.count[int] = dataclasses.field(
-        default_factory=lambda: itertools.count(1)
+        default_factory=lambda: itertools.count(1), init=False, repr=False
     )
 
     async def prompt(self, text: str, *, client_id: str = "test") -> Response:
