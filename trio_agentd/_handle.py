@@ -114,7 +114,11 @@ class WorkerOps(Protocol):
     def admission_held(self) -> bool: ...
 
     def persist(self, h: WorkerHandle) -> None:
-        """Write the handle's descriptor."""
+        """Write the handle's descriptor (it may be committed later: see :meth:`durable`)."""
+        ...
+
+    async def durable(self) -> None:
+        """Return once every descriptor written so far is on disk."""
         ...
 
 
@@ -713,6 +717,8 @@ class WorkerHandle:
         raise AssertionError("unreachable: a shielded scope swallows nothing")
 
     async def _stop_now(self, *, graceful: bool) -> Stopped:
+        # the stop's intent (descriptor ``stopping``) is on disk before anything acts on it
+        await self.ops.durable()
         if self.link is not None:
             if graceful:
                 await self._graceful_stop(self.link)

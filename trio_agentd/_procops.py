@@ -32,6 +32,7 @@ from ._autostart import log_tail
 from ._errors import AgentdError, ErrorCode
 from ._exhaustion import RateLimitedLog, exhaustion_error, is_exhaustion
 from ._forkserver import ForkServer
+from ._groupwrite import GroupWriter
 from ._handle import WorkerHandle
 from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
 from ._paths import Layout
@@ -71,6 +72,8 @@ class ProcessWorkerOps:
         # resource_exhausted or storage_error, not "failed"
         self.exhausted: dict[str, AgentdError] = {}
         self.rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
+        # descriptor and token writes, committed in groups (a service task runs it)
+        self.writer = GroupWriter()
 
     # identity ---------------------------------------------------------------------------------
     def alive(self, h: WorkerHandle) -> bool:
@@ -209,7 +212,7 @@ class ProcessWorkerOps:
                 write_meta(session_dir, meta)
         env = session_environment(meta)
         with _naming(L.token_path(h.session_id)):
-            _fs.atomic_write(L.token_path(h.session_id), h.token.encode(), mode=0o600)
+            self._write(L.token_path(h.session_id), h.token.encode())
         cwd = h.cwd if _is_dir(h.cwd) else str(session_dir)
         config = WorkerConfig(
             session_id=h.session_id,
@@ -271,6 +274,9 @@ class ProcessWorkerOps:
             try:
                 with _naming(L.descriptor_path(h.session_id)):
                     self.persist(h, lifecycle=Mode.STARTING)
+                    await self.writer.durable(path=L.descriptor_path(h.session_id))
+                with _naming(L.token_path(h.session_id)):
+                    await self.writer.durable(path=L.token_path(h.session_id))
             except OSError as exc:
                 raise _DescriptorUnwritten(exc) from None
             await stdin.send_all(b"go\n")
@@ -388,17 +394,30 @@ class ProcessWorkerOps:
         }
 
     def persist(self, h: WorkerHandle, lifecycle: Mode | None = None) -> None:
-        """Write the descriptor atomically (temp file, fsync, rename, fsync the directory).
+        """Write the descriptor atomically: staged now, committed with the others by the
+        writer's task (:meth:`durable` waits for it); at once if that task does not run.
 
         Raises:
             OSError: it could not be written (the old descriptor stays whole).
         """
-        _fs.atomic_write_json(
-            self.layout.descriptor_path(h.session_id), self.descriptor(h, lifecycle)
-        )
+        self._write(self.layout.descriptor_path(h.session_id),
+                    json.dumps(self.descriptor(h, lifecycle), sort_keys=True).encode())
+
+    def _write(self, path: Path, data: bytes) -> None:
+        if self.writer.running:
+            self.writer.stage(path, data)
+        else:
+            _fs.atomic_write(path, data)
+
+    async def durable(self) -> None:
+        """Return once every descriptor and token written so far is on disk (a commit that
+        failed is logged by the writer; the state of memory is written again at the next
+        change)."""
+        await self.writer.durable()
 
     def forget(self, session_id: str) -> None:
         for p in (self.layout.descriptor_path(session_id), self.layout.token_path(session_id)):
+            self.writer.drop(p)
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 

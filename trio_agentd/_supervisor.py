@@ -220,6 +220,7 @@ class Supervisor:
                 async with trio.open_nursery() as service:
                     self._service = service
                     self.ops.nursery = service
+                    service.start_soon(self.ops.writer.run)
                     self.ownership.bind_nursery(service)
                     async with trio.open_nursery() as clients:
                         self._clients = clients
@@ -301,6 +302,8 @@ class Supervisor:
                 done = [h.request_stop(graceful=True) for h in self.sessions.values()]
                 for event in done:
                     await event.wait()
+        # every descriptor written so far is on disk before the next supervisor reads them
+        await self.ops.durable()
         for h in self.sessions.values():
             h.cancel_scope.cancel()
         with contextlib.suppress(OSError):

@@ -651,6 +651,26 @@ class WideChaos:
                 r.text for r in self.idle_prompts if r.session == s]
             assert [int(line["turn"]) for line in tr] == list(range(1, len(tr) + 1))
 
+    def explain_pending(self, s: str, pending: list[tuple[_journal.Key, dict[str, Any]]],
+                        sent: list[Sent], raw: bytes) -> str:
+        """Everything known of commands accepted but never ended: what the client saw, the
+        journal's records of them, the steps around them and the log lines naming them."""
+        lines = [f"{s}: accepted but never ended: {pending}"]
+        by_key = {(r.client_id, str(r.id)): r for r in sent}
+        for k, _rec in pending:
+            r = by_key.get((k[0], str(k[1])))
+            if r is None:
+                lines.append(f"  {k}: no client record")
+                continue
+            lines.append(f"  {k}: {r.text} t={r.start - self.t0:.2f}..{r.end - self.t0:.2f}s"
+                         f" turn={r.turn} error={r.error} ({r.message})")
+            lines.extend(f"    step {w.kind} {w.start - self.t0:.2f}..{w.end - self.t0:.2f}s"
+                         for w in self.windows if w.start <= r.end + 1 and w.end >= r.start - 1)
+            lines.extend(f"    journal {line}" for line in raw.decode(errors="replace").splitlines()
+                         if k[0] in line and f'"id":{k[1]}' in line.replace(" ", ""))
+        lines.append(_logs(self.env))
+        return "\n".join(lines)
+
     def check_session(self, s: str, sent: list[Sent], journal_dir: Path,
                       effects: Counter[str]) -> None:
         env = self.env
@@ -660,7 +680,7 @@ class WideChaos:
         raw = (journal_dir / f"{s}.jsonl").read_bytes()
         parsed = _journal.parse(raw)
         # 0 accepted commands lost: each accepted one ended (completed or interrupted)
-        assert parsed.pending() == [], f"{s}: accepted but never ended: {parsed.pending()}"
+        assert parsed.pending() == [], self.explain_pending(s, parsed.pending(), sent, raw)
         journal = _jsonl(journal_dir / f"{s}.jsonl")
         accepted = {(j["client_id"], str(j["id"])): j for j in journal if j["kind"] == "accepted"}
         completed = {(j["client_id"], str(j["id"])): j for j in journal

@@ -247,6 +247,9 @@ class FakeWorkerOps:
     def persist(self, h: WorkerHandle) -> None:
         self.persisted.append(str(h.mode.value))
 
+    async def durable(self) -> None:
+        await trio.lowlevel.checkpoint()
+
     def signal(self, h: WorkerHandle, sig: int) -> bool:
         p = self.by_pid.get(h.pid or -1)
         if p is None or not p.alive:

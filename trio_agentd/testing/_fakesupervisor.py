@@ -33,6 +33,7 @@ import trio.testing
 from .. import _fs
 from .._errors import AgentdError, ErrorCode
 from .._fence import Claim
+from .._groupwrite import GroupWriter
 from .._handle import WorkerHandle
 from .._procops import ProcessWorkerOps
 from .._protocol import Event, Hello, Request, Response
@@ -62,6 +63,7 @@ class FakeSupervisorOps(ProcessWorkerOps):
     def __init__(self, sup: Supervisor, machine: FakeWorkerOps) -> None:
         super().__init__(sup.layout, sup.ownership, sup.timing)
         self.machine = machine
+        self.writer = GroupWriter(threaded=False)  # a thread would let virtual time jump
 
     def claim(self) -> Claim:
         own = self.ownership.record

@@ -1,0 +1,190 @@
+"""GroupWriter: staged atomic writes committed in groups (the supervisor's descriptors)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from trio_agentd import _groupwrite
+from trio_agentd._groupwrite import GroupWriter
+
+
+def _tmps(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".tmp"))
+
+
+async def test_a_staged_write_is_invisible_until_committed_then_whole(tmp_path: Path) -> None:
+    path = tmp_path / "s1.json"
+    path.write_bytes(b"old")
+    w = GroupWriter()
+    seq = w.stage(path, b"new")
+    assert path.read_bytes() == b"old"  # not before its commit
+    assert len(_tmps(tmp_path)) == 1
+    await w.durable(seq, path)
+    assert path.read_bytes() == b"new"
+    assert _tmps(tmp_path) == []
+    assert (path.stat().st_mode & 0o777) == 0o600
+
+
+async def test_writes_staged_together_share_one_commit(tmp_path: Path) -> None:
+    batches: list[list[str]] = []
+
+    def counting(batch: list[tuple[str, str]]) -> dict[str, OSError]:
+        batches.append(sorted(os.path.basename(p) for p, _ in batch))
+        return _groupwrite.commit(batch)
+
+    w = GroupWriter(commit_batch=counting)
+    for i in range(50):
+        w.stage(tmp_path / f"d{i}.json", b"%d" % i)
+    w.stage(tmp_path / "d7.json", b"seven")  # a newer write of a path replaces the staged one
+    await w.durable()
+    assert len(batches) == 1
+    assert len(batches[0]) == 50
+    assert (tmp_path / "d7.json").read_bytes() == b"seven"
+    assert (tmp_path / "d49.json").read_bytes() == b"49"
+    assert _tmps(tmp_path) == []
+
+
+async def test_concurrent_waiters_share_commits_and_later_writes_go_to_the_next(
+    tmp_path: Path,
+) -> None:
+    batches: list[int] = []
+
+    def counting(batch: list[tuple[str, str]]) -> dict[str, OSError]:
+        batches.append(len(batch))
+        return _groupwrite.commit(batch)
+
+    w = GroupWriter(commit_batch=counting)
+    first = w.stage(tmp_path / "a.json", b"a")
+    returned: list[bool] = []
+
+    async def waiter() -> None:
+        await w.durable(first)
+        returned.append((tmp_path / "a.json").exists())  # never before its commit is done
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()  # one commits, nine wait for it
+        second = w.stage(tmp_path / "b.json", b"b")  # staged while that commit runs
+        nursery.start_soon(w.durable, second)
+    assert (tmp_path / "a.json").read_bytes() == b"a"
+    assert (tmp_path / "b.json").read_bytes() == b"b"
+    assert returned == [True] * 10
+    assert batches == [1, 1]  # ten waiters, one commit; the later write, the next one
+
+
+async def test_a_dropped_path_is_never_brought_back_even_mid_commit(tmp_path: Path) -> None:
+    path = tmp_path / "gone.json"
+    in_commit = trio.Event()
+    release = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def blocking(batch: list[tuple[str, str]]) -> dict[str, OSError]:
+        trio.from_thread.run_sync(in_commit.set, trio_token=token)
+        trio.from_thread.run(release.wait, trio_token=token)
+        return _groupwrite.commit(batch)
+
+    w = GroupWriter(commit_batch=blocking)
+    w.stage(path, b"v1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(w.durable)
+        await in_commit.wait()
+        w.drop(path)  # forgotten while its write is being committed
+        path.unlink(missing_ok=True)
+        release.set()
+    assert not path.exists()
+    # and a staged write that is dropped before any commit never lands
+    w.stage(path, b"v2")
+    w.drop(path)
+    await w.durable()
+    assert not path.exists()
+    assert _tmps(tmp_path) == []
+
+
+async def test_a_failed_commit_keeps_the_old_file_and_is_raised_to_its_waiter(
+    tmp_path: Path,
+) -> None:
+    ok_path, bad_path = tmp_path / "ok.json", tmp_path / "bad.json"
+    bad_path.write_bytes(b"old")
+
+    def failing(batch: list[tuple[str, str]]) -> dict[str, OSError]:
+        keep = [(p, t) for p, t in batch if p != str(bad_path)]
+        failed = _groupwrite.commit(keep)
+        for p, t in batch:
+            if p == str(bad_path):
+                os.unlink(t)
+                failed[p] = OSError(errno.EIO, "I/O error")
+        return failed
+
+    w = GroupWriter(commit_batch=failing)
+    w.stage(ok_path, b"ok")
+    seq = w.stage(bad_path, b"new")
+    with pytest.raises(OSError, match="I/O error"):
+        await w.durable(seq, bad_path)
+    await w.durable(seq, ok_path)  # the others of the batch are not failed with it
+    assert bad_path.read_bytes() == b"old"
+    assert ok_path.read_bytes() == b"ok"
+    # a later write that succeeds clears it
+    w2 = GroupWriter()
+    w2._failed = w._failed
+    seq = w2.stage(bad_path, b"newer")
+    await w2.durable(seq, bad_path)
+    assert bad_path.read_bytes() == b"newer"
+
+
+def test_a_temp_file_that_cannot_be_written_raises_at_once_and_stages_nothing(
+    tmp_path: Path,
+) -> None:
+    w = GroupWriter()
+    with pytest.raises(FileNotFoundError):
+        w.stage(tmp_path / "no-such-dir" / "x.json", b"x")
+    assert w.pending == 0
+
+
+async def test_the_service_task_commits_without_anyone_waiting(tmp_path: Path) -> None:
+    committed = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def signalling(batch: list[tuple[str, str]]) -> dict[str, OSError]:
+        failed = _groupwrite.commit(batch)
+        trio.from_thread.run_sync(committed.set, trio_token=token)
+        return failed
+
+    w = GroupWriter(commit_batch=signalling)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert w.running
+        w.stage(tmp_path / "x.json", b"x")
+        with trio.fail_after(10):
+            await committed.wait()
+        nursery.cancel_scope.cancel()
+    assert (tmp_path / "x.json").read_bytes() == b"x"
+    assert not w.running
+
+
+def test_commit_renames_after_the_data_is_synced(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[str] = []
+    real_sync, real_replace = _groupwrite._sync_data, os.replace
+
+    def sync(tmps: list[str], dirs: list[str]) -> None:
+        order.append("sync")
+        real_sync(tmps, dirs)
+
+    def replace(src: str, dst: str) -> None:
+        order.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(_groupwrite, "_sync_data", sync)
+    monkeypatch.setattr(os, "replace", replace)
+    tmp = tmp_path / ".x.tmp"
+    tmp.write_bytes(b"x")
+    assert _groupwrite.commit([(str(tmp_path / "x"), str(tmp))]) == {}
+    assert order == ["sync", "rename"]

@@ -1,0 +1,255 @@
+"""Atomic file replacement with group commit, for the supervisor's worker descriptors.
+
+One descriptor write on its own is a temp file, ``fsync``, rename and ``fsync`` of the dir: two
+flushes. A session's start writes its descriptor twice and its stop twice, so launching or
+stopping 100 sessions made 400 flushes, one after another, on the supervisor's event loop
+(0.36 s of it blocked here on ext4, measured, before any other work).
+
+:class:`GroupWriter` keeps the same guarantee for a whole batch at once: :meth:`~GroupWriter.
+stage` writes the temp file at once (no flush); a commit, in a thread, makes every staged temp
+file durable with one ``syncfs`` (or an ``fsync`` each where there is none), renames each over
+its target, and ``fsync``\\ s each directory once. A reader sees the old file or the new one,
+whole, and after a power loss too. Until its commit a write is not visible: whoever must not
+act before its write is durable awaits :meth:`~GroupWriter.durable` (a worker's gate, a stop).
+The commits run one at a time; writes staged during one go to the next, so concurrent starts
+and stops share their flushes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+
+import trio
+
+from . import _fs
+from ._storage import write_all
+
+log = logging.getLogger("trio_agentd.groupwrite")
+
+Commit = Callable[[list[tuple[str, str]]], dict[str, OSError]]
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_syncfs: Callable[[int], int] | None = None
+_syncfs_loaded = False
+
+
+def _sync_data(tmps: list[str], dirs: list[str]) -> None:
+    """Make the temp files' data durable: one ``syncfs`` per filesystem where the C library
+    has it, else one ``fsync`` per file. Raises OSError."""
+    global _syncfs, _syncfs_loaded
+    if not _syncfs_loaded:
+        _syncfs, _syncfs_loaded = _load_syncfs(), True
+    if _syncfs is not None:
+        import ctypes
+
+        devices: set[int] = set()
+        for d in dirs:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                dev = os.fstat(fd).st_dev
+                if dev in devices:
+                    continue
+                devices.add(dev)
+                if _syncfs(fd) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, os.strerror(err))
+            finally:
+                os.close(fd)
+        return
+    for tmp in tmps:
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def commit(batch: list[tuple[str, str]]) -> dict[str, OSError]:
+    """Make ``(path, temp file)`` pairs durable and rename each over its path (in a thread).
+    What failed, by path (its temp file is removed; the old file stays whole)."""
+    failed: dict[str, OSError] = {}
+    dirs = sorted({os.path.dirname(p) or "." for p, _ in batch})
+    try:
+        _sync_data([t for _, t in batch], dirs)
+    except OSError:
+        # find out which: one at a time (a failed flush may have lost data: never rename it)
+        for path, tmp in batch:
+            try:
+                fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                failed[path] = exc
+    for path, tmp in batch:
+        if path in failed:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            continue
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            failed[path] = exc
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    for d in dirs:
+        try:
+            _fs.fsync_dir(d)
+        except OSError as exc:
+            for path, _ in batch:
+                if (os.path.dirname(path) or ".") == d:
+                    failed.setdefault(path, exc)
+    return failed
+
+
+class GroupWriter:
+    """Staged atomic writes, committed in groups. Used from one trio run."""
+
+    def __init__(self, *, commit_batch: Commit = commit, threaded: bool = True) -> None:
+        """``threaded=False`` commits on the event loop itself (blocking it, as a plain atomic
+        write does): for ``MockClock`` tests, where a wait on a thread lets virtual time jump."""
+        self._commit = commit_batch
+        self._threaded = threaded
+        self._staged: dict[str, str] = {}  # path -> its newest temp file
+        self._seq = 0  # writes staged so far
+        self._done = 0  # ... and committed (durable, or failed)
+        self._committing: set[str] = set()  # paths of the commit under way
+        self._dropped: set[str] = set()  # forgotten while their commit was under way
+        self._failed: dict[str, tuple[int, OSError]] = {}  # path -> (seq, why), newest
+        self._changed = trio.Event()
+        self._wanted = trio.Event()
+        self._busy = False
+        self.running = False  # a :meth:`run` task commits what is staged
+        self.commits = 0
+
+    def stage(self, path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600) -> int:
+        """Write ``data`` for ``path`` into a temp file beside it (no flush yet); the write's
+        sequence number for :meth:`durable`. A newer write of the same path replaces it.
+
+        Raises:
+            OSError: the temp file could not be written (nothing is staged; the old one is).
+        """
+        path = os.fspath(path)
+        directory = os.path.dirname(path) or "."
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(4).hex()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        old = self._staged.pop(path, None)
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(old)
+        self._staged[path] = tmp
+        self._dropped.discard(path)
+        self._seq += 1
+        self._wanted.set()
+        return self._seq
+
+    def drop(self, path: str | os.PathLike[str]) -> None:
+        """Forget staged writes of ``path`` (the file is being deleted): none brings it back."""
+        path = os.fspath(path)
+        tmp = self._staged.pop(path, None)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if path in self._committing:
+            self._dropped.add(path)  # unlinked again once that commit is done
+
+    @property
+    def pending(self) -> int:
+        return len(self._staged)
+
+    async def durable(self, seq: int | None = None, path: str | os.PathLike[str] | None = None
+                      ) -> None:
+        """Return once write ``seq`` (default: every write staged so far) is committed.
+
+        Raises:
+            OSError: ``path``'s write could not be committed (the file keeps its old content).
+
+        Cancellation: the caller stops waiting; a commit under way completes.
+        """
+        target = self._seq if seq is None else seq
+        while self._done < target:
+            if self._busy:
+                await self._changed.wait()
+            else:
+                await self._commit_staged()
+        if path is not None:
+            failure = self._failed.get(os.fspath(path))
+            if failure is not None and failure[0] >= (seq or 0):
+                raise failure[1]
+
+    async def run(self) -> None:
+        """Commit whatever is staged, as soon as it is (a service task)."""
+        self.running = True
+        try:
+            while True:
+                await self._wanted.wait()
+                self._wanted = trio.Event()
+                if self._busy:
+                    await self._changed.wait()
+                if self._staged:
+                    await self._commit_staged()
+        finally:
+            self.running = False
+
+    async def _commit_staged(self) -> None:
+        self._busy = True
+        batch = list(self._staged.items())
+        upto = self._seq
+        self._staged.clear()
+        self._committing = {p for p, _ in batch}
+        failed: dict[str, OSError] = {}
+        try:
+            if batch:
+                if self._threaded:
+                    failed = await trio.to_thread.run_sync(self._commit, batch)
+                else:
+                    await trio.lowlevel.checkpoint()
+                    failed = self._commit(batch)
+                self.commits += 1
+        except BaseException:
+            for _, tmp in batch:  # the thread did not finish (cannot happen but for bugs)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
+        finally:
+            for path in self._dropped:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            self._dropped.clear()
+            self._committing = set()
+            for path, exc in failed.items():
+                log.error("could not write %s: %s", path, exc)
+                self._failed[path] = (upto, exc)
+            for path, _ in batch:
+                if path not in failed:
+                    self._failed.pop(path, None)
+            self._done = max(self._done, upto)
+            self._busy = False
+            self._changed.set()
+            self._changed = trio.Event()
