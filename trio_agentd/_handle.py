@@ -123,6 +123,15 @@ class WorkerOps(Protocol):
 
 
 class WorkerHandle:
+    """One session as the supervisor sees it; its worker's processes go through ``ops``.
+
+    Making one spawns nothing, nor does ``supervise_new`` (a session with no worker yet): the
+    first command (:meth:`call`, :meth:`wait_ready`) spawns its worker.
+    ``supervise(alive=False, wanted=True)`` spawns as soon as it starts. ``mode`` (a
+    ``trio_util.AsyncValue`` of :class:`~trio_agentd._recovery.Mode`) says what the worker
+    is doing: ``await handle.mode.wait_value(Mode.READY)``.
+    """
+
     def __init__(
         self,
         ops: WorkerOps,

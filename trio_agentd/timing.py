@@ -203,3 +203,17 @@ SERVICE_RESTART_DELAY = 0.5
 MAX_CLIENT_CONNECTIONS = 1024
 # the most sessions a supervisor runs: creating one more fails with ``resource_exhausted``
 MAX_SESSIONS = 1000
+
+# --- the real-daemon test fixture (``trio_agentd.testing.DaemonEnv``) --------------------------
+# Not part of ``Timing``: limits of a test's own waits on real processes, never the daemon's.
+
+# one CLI command a test runs (``DaemonEnv.run``) is killed after this long
+TEST_CLI_TIMEOUT = 60.0
+# at teardown, ``trio-agentd shutdown`` (which itself waits up to 20 s for the supervisor to
+# exit) is given this long before the processes left are killed
+TEST_SHUTDOWN_TIMEOUT = 30.0
+# after SIGKILL, how long teardown waits for each round of the test's processes to be gone
+TEST_KILL_CONFIRM_TIMEOUT = 5.0
+# ``open_fake_supervisor`` (and its fixture) fail a test still running after this much trio
+# time: a supervisor in the test process takes SIGALRM, so pytest-timeout cannot end it
+TEST_VIRTUAL_TIME_LIMIT = 24 * 3600.0

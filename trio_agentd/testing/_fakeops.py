@@ -26,7 +26,7 @@ from .._worker import watched_refence
 from .._workerlink import WorkerLink, link_over_stream
 from ..agents import Agent
 from ..timing import DEFAULT_TIMING, Timing
-from . import MemoryRegistry, make_worker_core
+from ._memory import MemoryRegistry, make_worker_core
 
 if TYPE_CHECKING:
     from .._supervisor import Supervisor
@@ -67,16 +67,37 @@ class FakeWatcher:
 
 
 class Behaviour(enum.Enum):
-    ANSWERS = "answers"  # a healthy worker
-    HUNG = "hung"  # alive, accepts nothing: every connect hangs until its timeout
-    REFUSES = "refuses"  # alive, every connect is refused at once
-    IGNORES_TERM = "ignores-term"  # healthy, but SIGTERM does nothing (SIGKILL works)
-    SURVIVES_KILL = "survives-kill"  # nothing kills it
-    NEVER_READY = "never-ready"  # spawn never reports ready
+    """How one fake worker process behaves, for its whole life.
+
+    ``FakeWorkerOps(behaviours=[...])`` gives the i-th spawn the i-th behaviour, and **the last
+    one repeats**: ``[Behaviour.HUNG, Behaviour.ANSWERS]`` is a first worker that hangs and
+    healthy ones after it. The timeouts named are fields of :class:`trio_agentd.timing.Timing`.
+    """
+
+    #: a healthy worker
+    ANSWERS = "answers"
+    #: alive, accepts nothing: every connect hangs until its timeout (the first one, after a
+    #: spawn: ``worker_connect_timeout``; a reconnect: ``adopt_connect_timeout``)
+    HUNG = "hung"
+    #: alive, every connect is refused at once
+    REFUSES = "refuses"
+    #: healthy, but SIGTERM does nothing: a stop waits ``stop_grace``, then SIGKILL works
+    IGNORES_TERM = "ignores-term"
+    #: nothing kills it (each stop ends after ``kill_confirm_timeout`` unconfirmed)
+    SURVIVES_KILL = "survives-kill"
+    #: its spawn never reports ready: stopped after ``worker_connect_timeout``
+    NEVER_READY = "never-ready"
 
 
 @dataclass
 class FakeProcess:
+    """One fake worker process of a :class:`FakeWorkerOps` (``ops.processes[i]``: the i-th
+    spawn). ``die()`` is ``kill -9``, ``cut()`` drops its connections, ``freeze()`` and
+    ``thaw()`` are SIGSTOP and SIGCONT; ``signals`` lists what it was sent, ``received`` the
+    ``(virtual time, op)`` of every request it read. These act at once, in your task: other
+    tasks see the change when they next run (``await
+    trio.testing.wait_all_tasks_blocked()`` before asserting on their reaction)."""
+
     pid: int
     behaviour: Behaviour
     alive: bool = True
@@ -137,11 +158,24 @@ class FakeProcess:
 
 
 class FakeWorkerOps:
-    """WorkerOps over fake processes.
+    """The process layer of a session handle (:class:`~trio_agentd._handle.WorkerOps`), faked.
+
+    Each "spawn" is a :class:`FakeProcess` whose worker is a real
+    :class:`~trio_agentd._worker.WorkerCore` served over in-memory streams, started on the
+    first connect. Pass it to ``WorkerHandle(ops, session_id, agent, cwd)``; nothing is spawned
+    until the handle's first command (``supervise_new``) or ``supervise(wanted=True)``.
+
+    Attributes:
+        processes: every spawn, in order (``processes[-1]`` is the current worker).
+        events: ``(virtual time, "spawn PID" | "connect PID" | "signal SIGTERM PID" ...)``.
+        admission: set True to hold the shutdown admission (respawns and stops defer).
 
     Args:
-        behaviours: the behaviour of each successive spawn (the last one repeats).
-        nursery: where fake processes run (a test's nursery).
+        nursery: where fake processes run (a test's nursery); they outlive the handle.
+        behaviours: the :class:`Behaviour` of each successive spawn; **the last one repeats**
+            (default: every spawn answers).
+        timing: the workers' :class:`~trio_agentd.timing.Timing` (give the handle's).
+        agent_factory: a new agent for each worker (default: the echo agent).
         registry_dir: the worker cores fence against the owner records in this real registry
             dir, and real process start ids (as a worker does), instead of ``self.registry``
             (a :class:`MemoryRegistry`).

@@ -17,8 +17,14 @@ synchronously (no thread), so ``autojump_clock`` skips exactly to each deadline.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import itertools
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -35,10 +41,14 @@ from .._recovery import Mode
 from .._session import read_meta, write_meta
 from .._stream import MessageStream
 from .._workerlink import WorkerLink
-from ._fakeops import FakeWorkerOps
+from ..timing import TEST_VIRTUAL_TIME_LIMIT
+from ._daemon import fits_socket_dir
+from ._fakeops import Behaviour, FakeWorkerOps
 
 if TYPE_CHECKING:
     from .._supervisor import Supervisor
+    from ..agents import Agent
+    from ..timing import Timing
 
 
 class FakeSupervisorOps(ProcessWorkerOps):
@@ -169,3 +179,118 @@ class MemoryClient:
 
     async def aclose(self) -> None:
         await self.ms.aclose()
+
+
+@dataclasses.dataclass
+class FakeSupervisor:
+    """A real :class:`~trio_agentd.Supervisor` on fake workers, with in-memory clients.
+
+    Made by :func:`open_fake_supervisor` (or the ``agentd_fake_supervisor`` fixture). The
+    supervisor is serving when you get it (at virtual time 0 on a fresh MockClock); it starts
+    no worker until a prompt names a session.
+
+    Attributes:
+        sup: the supervisor (``sup.timing``, ``sup.layout``, ``sup.request_shutdown`` ...).
+        machine: its fake processes: ``machine.processes`` in spawn order, ``machine.events``
+            the log of ``(virtual time, "spawn PID" | "connect PID" | "signal SIGTERM PID")``.
+        listener: where :meth:`client` connects (no socket is bound).
+        nursery: the nursery the supervisor and the fake processes run in.
+    """
+
+    sup: Supervisor
+    machine: FakeWorkerOps
+    listener: MemoryListener
+    nursery: trio.Nursery
+
+    @property
+    def timing(self) -> Timing:
+        """The supervisor's :class:`~trio_agentd.timing.Timing` (assert times from it)."""
+        return self.sup.timing
+
+    async def client(self, client_id: str = "test") -> MemoryClient:
+        """A new client connection (the caller closes it: ``await client.aclose()``)."""
+        return await MemoryClient.connect(self.listener, client_id=client_id)
+
+    async def request(self, op: str, args: dict[str, Any] | None = None, *,
+                      client_id: str = "test") -> Response:
+        """One request on a connection of its own: ``await fake.request("sessions")``."""
+        c = await self.client(client_id)
+        try:
+            return await c.request(op, args)
+        finally:
+            await c.aclose()
+
+    async def prompt(self, text: str, *, session: str = "s1", client_id: str = "test"
+                     ) -> Response:
+        """A prompt to ``session`` (created, and its worker spawned, on its first prompt)."""
+        return await self.request("prompt", {"session": session, "text": text},
+                                  client_id=client_id)
+
+
+async def _fail_after_virtual(limit: float) -> None:
+    await trio.sleep(limit)
+    raise AssertionError(
+        f"the test still runs at {limit:g}s of trio time (open_fake_supervisor's time_limit)"
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_fake_supervisor(
+    state_dir: Path,
+    *,
+    behaviours: list[Behaviour] | None = None,
+    timing: Timing | None = None,
+    agent_factory: Callable[[], Agent] | None = None,
+    self_heal: bool = True,
+    time_limit: float | None = TEST_VIRTUAL_TIME_LIMIT,
+) -> AsyncIterator[FakeSupervisor]:
+    """Run a real supervisor on fake workers inside this test's trio run.
+
+    Its home and registry are real dirs under ``state_dir`` (a test's ``tmp_path``): its owner
+    record, descriptors, tokens and session files are written there synchronously, so with
+    ``autojump_clock`` every wait is a trio wait and each step lands at an exact virtual time.
+    The workers are :class:`FakeWorkerOps` processes (real ``WorkerCore``s over memory
+    streams) that authenticate its real claim and re-fence against its real registry on
+    inotify-like events (``machine.registry_changed()``) or every ``refence_fallback``.
+
+    Args:
+        behaviours: each successive spawn's :class:`Behaviour` (the last one repeats;
+            default: every worker answers).
+        timing: the supervisor's and the fake workers' schedule (default
+            :data:`~trio_agentd.timing.DEFAULT_TIMING`).
+        agent_factory: a new agent for each fake worker (default: the echo agent).
+        self_heal: the supervisor restores its deleted files (``TRIO_AGENTD_SELF_HEAL``).
+        time_limit: fail the test with ``AssertionError`` once this much trio time has passed
+            (the supervisor takes SIGALRM for itself, so pytest-timeout cannot stop a test that
+            waits for ever; on MockClock this is virtual time); ``None``: no limit.
+
+    At exit the supervisor shuts down leaving the fake workers running (as a real one leaves
+    its workers to a successor), then everything in the nursery is cancelled.
+    """
+    from .._supervisor import Supervisor, SupervisorConfig
+    from ..timing import DEFAULT_TIMING
+
+    timing = timing or DEFAULT_TIMING
+    with contextlib.ExitStack() as stack:
+        run_dir = Path(state_dir)
+        if not fits_socket_dir(run_dir):  # the socket is never bound, but its path is checked
+            run_dir = Path(tempfile.mkdtemp(prefix="ta-fake-", dir="/tmp"))
+            stack.callback(shutil.rmtree, run_dir, True)
+        config = SupervisorConfig(
+            socket=str(run_dir / "s" / "d.sock"), home=str(Path(state_dir) / "home"),
+            registry=str(Path(state_dir) / "registry"), self_heal=self_heal, timing=timing,
+        )
+        async with trio.open_nursery() as nursery:
+            if time_limit is not None:
+                nursery.start_soon(_fail_after_virtual, time_limit)
+            machine = FakeWorkerOps(nursery, behaviours=behaviours, timing=timing,
+                                    agent_factory=agent_factory,
+                                    registry_dir=config.layout().registry, inotify=True)
+            listener = MemoryListener()
+            sup = Supervisor(config, worker_ops=machine.for_supervisor, listener=listener)
+            await nursery.start(sup.serve)
+            yield FakeSupervisor(sup, machine, listener, nursery)
+            if not sup.stopped.is_set():
+                sup.request_shutdown(stop_workers=False)
+                await sup.stopped.wait()
+            nursery.cancel_scope.cancel()
