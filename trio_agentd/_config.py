@@ -62,6 +62,9 @@ class Key(Frozen):
 
 
 _SUP = "supervisor"
+# client timings the CLI, doctor and open_client keep at their built-in values (the warm path
+# reads no file): a key for each, as TRIO_AGENTD_TIMING takes every field, reaches no client
+_BUILTIN = "— (clients: built-in)"
 _TIMING_MEANING: dict[str, tuple[str, str]] = {
     "refence_interval": ("worker", "how often a worker re-checks that its session is still its"
                          " own (polling)"),
@@ -80,14 +83,15 @@ _TIMING_MEANING: dict[str, tuple[str, str]] = {
     "restart_window": (_SUP, "the window restart_intensity counts crashes in"),
     "idle_eviction": (_SUP, "stop a session's worker after this long idle (0: never)"),
     "idle_sweep_period": (_SUP, "how often idle sessions are looked for"),
-    "startup_timeout": ("doctor", "how long a supervisor that was started may take to answer"),
-    "probe_interval": ("doctor", "pause between probes of a starting supervisor"),
-    "hello_timeout": ("doctor", "how long a supervisor may take to say hello"),
-    "connect_timeout": ("async clients", "how long a connect to a socket may take"),
-    "patience": ("async clients", "how long a live but silent supervisor is waited for"),
-    "patience_tick": ("async clients", "progress line interval while waiting (patience)"),
-    "reprobe_window": ("doctor", "--fix repairs only what stays unresponsive this long"),
-    "handover_wait": ("CLI, async clients", "on an upgrade: how long busy sessions are waited"
+    "startup_timeout": (_BUILTIN, "how long a supervisor that was started may take to answer"),
+    "probe_interval": (_BUILTIN, "pause between probes of a starting supervisor"),
+    "hello_timeout": (_BUILTIN, "how long a supervisor may take to say hello"),
+    "connect_timeout": (_SUP, "how long a connect to a socket may take (the supervisor"
+                        " probing its own; clients keep the built-in value)"),
+    "patience": (_BUILTIN, "how long a live but silent supervisor is waited for"),
+    "patience_tick": (_BUILTIN, "progress line interval while waiting (patience)"),
+    "reprobe_window": (_BUILTIN, "--fix repairs only what stays unresponsive this long"),
+    "handover_wait": ("CLI", "on an upgrade: how long busy sessions are waited"
                       " for before the hand-over"),
     "upgrade_idle": (_SUP, "replace an adopted worker of another version after this long idle"),
     "auth_timeout": (_SUP, "how long a worker connection may take to authenticate"),
@@ -121,7 +125,7 @@ def _timing_keys() -> list[Key]:
 KEYS: tuple[Key, ...] = (
     Key("default_agent", None, DEFAULT_AGENT, _SUP, "the agent of a new session prompted"
         " without --agent: echo, shell, exec:COMMAND or module:attr (the --agent flag wins)"),
-    Key("self_heal", ENV_SELF_HEAL, True, _SUP, "restore a deleted record or socket by itself"
+    Key("self_heal", ENV_SELF_HEAL, True, _SUP, "restore a deleted owner record by itself"
         " (false: stay wedged until `doctor --fix`)"),
     Key("limits.max_clients", None, 1024, _SUP, "client connections served at once; one more"
         " gets resource_exhausted"),
