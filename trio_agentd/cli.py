@@ -432,7 +432,8 @@ def _look_args(argv: list[str], at: int) -> Any:
 
     return types.SimpleNamespace(
         command=argv[at], socket=into.socket, home=into.home, registry=into.registry,
-        verbose=into.verbose, **{f[2:].replace("-", "_"): f in argv[at + 1 :] for f in flags},
+        verbose=into.verbose, version=False,
+        **{f[2:].replace("-", "_"): f in argv[at + 1 :] for f in flags},
     )
 
 
