@@ -953,7 +953,7 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
     from ._syncclient import SyncClient, probe
 
     check_socket_path(layout.socket)
-    got = probe(layout, patience=CLIENT.patience)
+    got = probe(layout, patience=CLIENT.patience, trace=_trace)
     if got is None:
         _error(f"no supervisor running on {layout.socket} — the next command starts one")
         return EXIT_FAIL
