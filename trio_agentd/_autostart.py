@@ -112,8 +112,14 @@ def startup_timeout(layout: Layout, seconds: float) -> AgentdError:
     )
 
 
-def autostart_and_wait(layout: Layout, timing: Timing | ClientTiming = CLIENT) -> None:
+def autostart_and_wait(
+    layout: Layout,
+    timing: Timing | ClientTiming = CLIENT,
+    *,
+    trace: Callable[[str], object] | None = None,
+) -> None:
     """Spawn a supervisor and wait until *a* supervisor (ours or a race winner) says hello.
+    ``trace`` (``-v``) is told what happened: started (its pid), or found another's.
 
     Raises:
         AgentdError: ``daemon_unavailable`` with the exit code and log tail if the spawned
@@ -140,6 +146,10 @@ def autostart_and_wait(layout: Layout, timing: Timing | ClientTiming = CLIENT) -
             got = probe(layout, timing)
             if got is not None:
                 got[0].close()
+                if trace is not None:
+                    how = (f"started supervisor pid {proc.pid}" if proc is not None
+                           else "another client started supervisor")
+                    trace(f"autostart: {how}; pid {got[1].get('pid')} answers")
                 return
             if proc is None:
                 lock_fd = _fs.try_lock(lock_path)
@@ -147,8 +157,14 @@ def autostart_and_wait(layout: Layout, timing: Timing | ClientTiming = CLIENT) -
                     got = probe(layout, timing)  # someone may have finished meanwhile
                     if got is not None:
                         got[0].close()
+                        if trace is not None:
+                            trace(f"autostart: supervisor pid {got[1].get('pid')} came up"
+                                  " meanwhile")
                         return
                     proc = spawn_daemon(layout)
+                    if trace is not None:
+                        trace(f"autostart: spawned supervisor pid {proc.pid}; waiting for"
+                              " its hello")
             elif (rc := proc.poll()) is not None and rc != 0:
                 raise startup_failed(layout, rc)
             time.sleep(timing.probe_interval)
@@ -212,10 +228,10 @@ def busy_sessions(rows: object) -> list[str]:
 
 
 def _handover_wait(timing: Timing | ClientTiming) -> float:
-    if isinstance(timing, ClientTiming):  # the CLI: TRIO_AGENTD_TIMING may set it
-        from .timing import timing_from_env
+    if isinstance(timing, ClientTiming):  # the CLI: the config file or TRIO_AGENTD_TIMING
+        from ._config import effective_timing
 
-        return timing_from_env().handover_wait
+        return effective_timing().handover_wait
     return timing.handover_wait
 
 

@@ -96,6 +96,7 @@ class SupervisorConfig:
     # caps: beyond them a connection or a new session gets ``resource_exhausted``
     max_clients: int = MAX_CLIENT_CONNECTIONS
     max_sessions: int = MAX_SESSIONS
+    default_agent: str = "echo"  # of a new session prompted without an agent
 
     def layout(self) -> Layout:
         return Layout.resolve(socket=self.socket, home=self.home, registry=self.registry)
@@ -695,7 +696,7 @@ class Supervisor:
                         f" `trio-agentd prompt -s {session_id} TEXT`",
                     )
                 known_agent = str(meta["agent"]) if meta and "agent" in meta else None
-                use_agent = agent or known_agent or "echo"
+                use_agent = agent or known_agent or self.config.default_agent
                 if known_agent is not None and agent is not None and agent != known_agent:
                     raise _agent_mismatch(session_id, known_agent, agent)
                 known_cwd = (meta or {}).get("cwd")

@@ -211,10 +211,12 @@ def probe(
     *,
     patience: float = 0.0,
     progress: Callable[[str], object] | None = None,
+    trace: Callable[[str], object] | None = None,
 ) -> tuple[_Conn, dict[str, Any]] | None:
     """Prove the socket, connect and read the hello; ``None`` if nobody listens.
 
     Nothing is sent before the socket's dir and the listening peer are proven ours.
+    ``trace`` (``-v``) is told each step, one line each.
 
     Raises:
         AgentdError: ``permission_denied`` if the socket dir or its peer is not ours.
@@ -224,14 +226,21 @@ def probe(
         prove_socket_dir(layout.socket_dir)
     except AgentdError as exc:
         if exc.code == ErrorCode.DAEMON_UNAVAILABLE:
+            if trace is not None:
+                trace(f"socket dir {layout.socket_dir} does not exist: nobody listens")
             return None  # no socket dir: nobody listens
         raise
+    if trace is not None:
+        trace(f"socket dir {layout.socket_dir}: proven ours (owner uid {os.getuid()},"
+              " mode 0700, not a symlink)")
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     s.settimeout(timing.connect_timeout)
     try:
         s.connect(layout.socket)
-    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
         s.close()
+        if trace is not None:
+            trace(f"nobody listens on {layout.socket} ({exc.strerror})")
         return None
     except TimeoutError:
         s.close()
@@ -249,6 +258,9 @@ def probe(
     except BaseException:
         s.close()
         raise
+    if trace is not None:
+        trace(f"connected to {layout.socket}; its peer proven ours (SO_PEERCRED uid"
+              f" {os.getuid()})")
     conn = _Conn(s)
     waited, wait = 0.0, timing.hello_timeout
     try:
@@ -286,6 +298,9 @@ def probe(
         raise AgentdError(
             str(err.get("code", ErrorCode.INTERNAL)), str(err.get("message", "no hello"))
         )
+    if trace is not None:
+        trace(f"hello: supervisor pid {hello.get('pid')}, trio-agentd"
+              f" {hello.get('app_version')} (protocol {hello.get('protocol')})")
     return conn, hello
 
 
@@ -309,6 +324,8 @@ class SyncClient:
         self.autostart = autostart
         # where a progress line goes while a slow supervisor is waited for (the CLI: stderr)
         self.progress: Callable[[str], object] | None = None
+        # where each connection step goes, one line each (the CLI's -v: stderr)
+        self.trace: Callable[[str], object] | None = None
         self.client_id = os.urandom(8).hex()
         self._ids = 0
         self._conn: _Conn | None = None
@@ -323,14 +340,22 @@ class SyncClient:
         straight to the worker; otherwise :meth:`connect` as usual."""
         self._cached_route = _read_route(self.layout, session, agent, cwd_given=cwd_given)
         if self._cached_route is None:
+            if self.trace is not None:
+                self.trace(f"route: no usable cached route for session {session}: asking"
+                           " the supervisor")
             self.connect()
 
     def connect(self) -> dict[str, Any]:
         check_socket_path(self.layout.socket)
+        if self.trace is not None:
+            self.trace(f"socket {self.layout.socket}")
         got = probe(self.layout, self.timing, patience=self.timing.patience,
-                    progress=self.progress)
+                    progress=self.progress, trace=self.trace)
         if got is None and self.autostart:
             got = self._autostart()
+        elif got is not None and self.trace is not None:
+            self.trace(f"autostart: not needed, supervisor pid {got[1].get('pid')} found"
+                       " running")
         if got is None:
             raise AgentdError(
                 ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor is running on {self.layout.socket}"
@@ -359,8 +384,8 @@ class SyncClient:
     def _autostart(self) -> tuple[_Conn, dict[str, Any]] | None:
         from ._autostart import autostart_and_wait
 
-        autostart_and_wait(self.layout, self.timing)
-        return probe(self.layout, self.timing)
+        autostart_and_wait(self.layout, self.timing, trace=self.trace)
+        return probe(self.layout, self.timing, trace=self.trace)
 
     def request(
         self,
@@ -411,6 +436,8 @@ class SyncClient:
                 if self._conn is None:
                     self.connect()
                 assert self._conn is not None
+                if self.trace is not None:
+                    self.trace(f"{op}: sent to the supervisor (pid {self.hello.get('pid')})")
                 self._conn.send(frame)
                 watch = _Liveness(
                     self.timing,
@@ -418,7 +445,10 @@ class SyncClient:
                      "op": "ping", "args": {}},
                     "", self.hello.get("pid"), socket=self.layout.socket,
                 )
-                return _await_response(self._conn, rid, on_event, watch)
+                result = _await_response(self._conn, rid, on_event, watch)
+                if self.trace is not None:
+                    self.trace(f"{op}: answered")
+                return result
             except (OSError, _Lost) as exc:
                 self.close()
                 if time.monotonic() + delay > deadline:
@@ -469,6 +499,9 @@ class SyncClient:
             from_cache = cached is not None
             if cached is not None:
                 route, cached = cached, None
+                if self.trace is not None:
+                    self.trace(f"route: cached grant for session {session} (supervisor not"
+                               " contacted)")
             else:
                 self._route_ids += 1
                 route = self._request_supervisor(
@@ -476,6 +509,8 @@ class SyncClient:
                     {**route_args, "resend": True} if self.resent else route_args, None, None,
                 )
                 _write_route(self.layout, session, route, self.hello)
+                if self.trace is not None:
+                    self.trace(f"route: granted by the supervisor for session {session}")
             conn: _Conn | None = None
             sent = False
             liveness = _Liveness(
@@ -487,9 +522,16 @@ class SyncClient:
             try:
                 conn = _attach(route, self.timing)
                 sent = True
+                if self.trace is not None:
+                    self.trace(f"route: direct to worker pid {route.get('worker_pid')} at"
+                               f" {route.get('worker_socket')} (dir and peer proven ours,"
+                               " grant accepted); prompt sent")
                 conn.send(frame)
                 try:
-                    return _await_response(conn, rid, on_event, liveness)
+                    result = _await_response(conn, rid, on_event, liveness)
+                    if self.trace is not None:
+                        self.trace("prompt: answered")
+                    return result
                 except KeyboardInterrupt:
                     # Ctrl-C: cancel this command and wait for the worker to confirm (its
                     # answer: command_cancelled, or its result if it had just finished); a
@@ -506,6 +548,8 @@ class SyncClient:
             finally:
                 if conn is not None:
                     conn.close()
+            if self.trace is not None:
+                self.trace(f"route: failed ({error}); asking the supervisor again")
             if time.monotonic() + delay > deadline:
                 raise AgentdError(
                     ErrorCode.WORKER_UNAVAILABLE,

@@ -157,59 +157,118 @@ def parse_prompt_args(words: list[str], *, stdin_is_tty: bool) -> PromptArgs:
     return got
 
 
+_AGENT_FORMS = """\
+agents (--agent, or default_agent in the config file):
+  echo            answers with the prompt itself (the default)
+  shell           the prompt is a /bin/sh script, run in one shell that lives as long as
+                  the session (cd and variables carry over from turn to turn)
+  exec:COMMAND    runs COMMAND (split as a shell would, no shell) once per prompt, the
+                  prompt on its stdin: exec:my-agent --model x
+  module:attr     a Python agent: attr() (a factory without arguments) returns it:
+                  my_pkg.agents:make_agent (docs/agents.md)"""
+
+_AGENT_HELP = ("agent of a new session (default: default_agent in the config file, else echo):"
+               " echo, shell, exec:COMMAND or module:attr")
+
+
+def _fill(text: str) -> str:
+    import textwrap
+
+    return "\n\n".join(textwrap.fill(part, 92) for part in text.split("\n\n"))
+
+
+def _epilog(examples: str, *more: str) -> str:
+    """A subcommand's epilog: its examples, then anything else (as written), then the exit
+    statuses."""
+    parts = ["examples:\n" + "\n".join(f"  {line}" if line else "" for line in
+                                       examples.strip("\n").split("\n"))]
+    return "\n\n".join([*parts, *more, _fill(_EXIT_EPILOG)])
+
+
 def _parser() -> argparse.ArgumentParser:
     import argparse
 
+    raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
-        prog="trio-agentd", description="Long-lived agent sessions that survive anything.",
-        epilog=_EXIT_EPILOG,
+        prog="trio-agentd", formatter_class=raw,
+        description=_fill("Long-lived agent sessions that survive anything: a per-user"
+                          " supervisor (started by the first command that needs it) runs one"
+                          " worker process per session."),
+        epilog=_epilog(_EXAMPLES, "Run `trio-agentd COMMAND --help` for a command's options"
+                       " and examples."),
     )
-    p.add_argument("--socket", "--daemon-socket", dest="socket", help="supervisor socket path")
-    p.add_argument("--home", help="state directory (default: platform state dir)")
+    p.add_argument("--version", action="store_true",
+                   help="print the version (and protocol version) and exit")
+    p.add_argument("--socket", "--daemon-socket", dest="socket",
+                   help="supervisor socket path (default: TRIO_AGENTD_SOCKET, else in"
+                   " $XDG_RUNTIME_DIR)")
+    p.add_argument("--home", help="state directory (default: TRIO_AGENTD_HOME, else the"
+                   " platform state dir)")
     # the ownership registry (TRIO_AGENTD_REGISTRY_DIR); autostart passes it to the daemon
     p.add_argument("--registry", help=argparse.SUPPRESS)
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="client commands: print each connection step on stderr (socket and"
+                   " how it was proved ours, autostart, route, timings); daemon: debug log")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    d = sub.add_parser("daemon", help="run the supervisor in the foreground")
-    d.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
+    def cmd(name: str, help: str, description: str, examples: str,
+            *more: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=_fill(description),
+                              epilog=_epilog(examples, *more), formatter_class=raw, **kw)
 
-    # only for --help: parse_prompt_args parses what follows "prompt" / "-p"
-    pr = sub.add_parser(
-        "prompt", help="send a prompt to a session (also: -p)",
-        usage="trio-agentd -p [-s SESSION] [--agent AGENT] [--cwd DIR] [--json] [--]"
+    # only for --help (and completion): parse_prompt_args parses what follows "prompt" / "-p"
+    pr = cmd(
+        "prompt", "send a prompt to a session (also: -p)",
+        "Send TEXT (its words joined with spaces) to a session and print the answer as it"
+        " streams. The session is created on its first prompt (with --agent, or the default"
+        " agent); the supervisor is started if none runs. Options may come before or after"
+        " TEXT; after -- everything is TEXT. With TEXT '-', or no TEXT and stdin not a"
+        " terminal, the prompt is stdin (UTF-8, one trailing newline dropped).",
+        "trio-agentd -p hello\n"
+        "trio-agentd -p -s build --agent shell 'make test'\n"
+        "echo hello | trio-agentd -p -s chat\n"
+        "trio-agentd -p --json -- --not-an-option",
+        _AGENT_FORMS,
+        usage="trio-agentd -p [-s SESSION] [--agent AGENT] [--cwd DIR] [--json] [-v] [--]"
         " [TEXT ... | -]",
-        description="Send TEXT (its words joined with spaces) to a session and print the answer"
-        " as it streams. Options may come before or after TEXT; after -- everything is TEXT."
-        " With TEXT '-', or no TEXT and stdin not a terminal, the prompt is stdin (UTF-8, one"
-        " trailing newline dropped): echo hello | trio-agentd -p",
-        epilog=_EXIT_EPILOG,
     )
     pr.add_argument("-s", "--session", default="default",
                     help=f"session id (default: default): {SESSION_ID_RULE}")
-    pr.add_argument("--agent", default=None, help="agent for a new session (default: echo)")
+    pr.add_argument("--agent", default=None, help=_AGENT_HELP)
     pr.add_argument("--cwd", default=None, metavar="DIR",
                     help="working directory of a new session (default: the current one)")
     pr.add_argument("--json", action="store_true", help="print the result as JSON")
     pr.add_argument("text", nargs="*", metavar="TEXT")
 
-    s = sub.add_parser("sessions", help="list sessions")
-    s.add_argument("--json", action="store_true")
+    s = cmd("sessions", "list sessions",
+            "List the sessions of the supervisor: agent, state, worker pid and version,"
+            " restarts, turns, idle time, and why a session failed.",
+            "trio-agentd sessions\ntrio-agentd sessions --json | jq '.[].session'")
+    s.add_argument("--json", action="store_true", help="print them as a JSON array")
 
-    k = sub.add_parser("kill", help="stop a session's worker and forget the session")
-    k.add_argument("session")
-    c = sub.add_parser("cancel", help="cancel the turn a session is running (as Ctrl-C on -p)")
-    c.add_argument("session")
-    r = sub.add_parser("retry", help="re-arm a session marked failed")
-    r.add_argument("session")
+    k = cmd("kill", "stop a session's worker and forget the session",
+            "Stop SESSION's worker (a running turn is killed: its client gets session_killed)"
+            " and forget the session. Its data stays on disk (see rm).",
+            "trio-agentd kill build")
+    k.add_argument("session", metavar="SESSION")
+    c = cmd("cancel", "cancel the turn a session is running (as Ctrl-C on -p)",
+            "Cancel the turn SESSION is running, as Ctrl-C on its trio-agentd -p would: the"
+            " agent is interrupted, the session stays and takes the next prompt.",
+            "trio-agentd cancel build")
+    c.add_argument("session", metavar="SESSION")
+    r = cmd("retry", "re-arm a session marked failed",
+            "A session whose worker kept crashing is marked failed and refuses prompts;"
+            " retry clears that, and its next prompt starts a worker again.",
+            "trio-agentd retry build")
+    r.add_argument("session", metavar="SESSION")
 
-    lg = sub.add_parser(
-        "logs", help="a session's history (-f: follow it live), or the supervisor's log",
-        description="Print SESSION's transcript: each turn's prompt, its output (the bytes"
-        " exactly), stderr and exit status, and events (worker started/stopped, turns"
-        " cancelled, killed, failed or interrupted by a restart). -f then follows new turns as"
-        " they stream, whichever client sends them. --daemon prints the supervisor's log.",
-        epilog=_EXIT_EPILOG,
+    lg = cmd(
+        "logs", "a session's history (-f: follow it live), or the supervisor's log",
+        "Print SESSION's transcript: each turn's prompt, its output (the bytes exactly),"
+        " stderr and exit status, and events (worker started/stopped, turns cancelled,"
+        " killed, failed or interrupted by a restart). -f then follows new turns as they"
+        " stream, whichever client sends them. --daemon prints the supervisor's log.",
+        "trio-agentd logs build -n 3\ntrio-agentd logs -f build\ntrio-agentd logs --daemon -n 50",
     )
     lg.add_argument("session", nargs="?", metavar="SESSION")
     lg.add_argument("-n", "--lines", type=int, default=None, metavar="N",
@@ -218,32 +277,117 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("--json", action="store_true", help="one JSON object per line")
     lg.add_argument("--daemon", action="store_true", help="the supervisor's log (daemon.log)")
 
-    rm = sub.add_parser("rm", help="stop a session and delete its data",
-                        description="Stop SESSION's worker if it runs, forget the session and"
-                        " delete its data (transcript, logs, outputs, journal). Refused while a"
-                        " turn runs, unless --force (which kills the turn first). The id may"
-                        " then be used again: for a brand-new session.")
-    rm.add_argument("session")
+    rm = cmd("rm", "stop a session and delete its data",
+             "Stop SESSION's worker if it runs, forget the session and delete its data"
+             " (transcript, logs, outputs, journal). Refused while a turn runs, unless --force"
+             " (which kills the turn first). The id may then be used again: for a brand-new"
+             " session.",
+             "trio-agentd rm build\ntrio-agentd rm --force build")
+    rm.add_argument("session", metavar="SESSION")
     rm.add_argument("--force", action="store_true", help="kill a running turn first")
 
     for name in ("ps", "status"):
-        ps = sub.add_parser(name, help="every supervisor found, with its status")
-        ps.add_argument("--json", action="store_true")
+        ps = cmd(name, "every supervisor found, with its status" if name == "ps"
+                 else "the same as ps",
+                 "List every supervisor of yours found (sockets, records, processes), each"
+                 " with its status: ok, starting, unreachable, wedged, stale. It never starts"
+                 " one and never repairs anything (see doctor).",
+                 f"trio-agentd {name}\ntrio-agentd {name} --json")
+        ps.add_argument("--json", action="store_true", help="print them as a JSON array")
 
-    dr = sub.add_parser("doctor", help="find wedged supervisors; --fix repairs only those")
+    dr = cmd("doctor", "find wedged supervisors; --fix repairs only those",
+             "Look as ps does and say what is broken and how it would be repaired. --fix"
+             " repairs only what stays unresponsive for a while (a busy supervisor is not"
+             " wedged); exit 3 if a problem is left.",
+             "trio-agentd doctor\ntrio-agentd doctor --fix --dry-run\ntrio-agentd doctor --fix")
     dr.add_argument("--fix", action="store_true", help="repair what is broken")
     dr.add_argument("--dry-run", action="store_true", help="print the repair plan only")
-    dr.add_argument("--json", action="store_true")
+    dr.add_argument("--json", action="store_true", help="print the findings as JSON")
 
-    rs = sub.add_parser("restart", help="replace the supervisor, keep sessions (workers adopted)")
-    rs.add_argument("--json", action="store_true")
+    rs = cmd("restart", "replace the supervisor, keep sessions (workers adopted)",
+             "Replace the supervisor with a fresh one of this installation; it adopts every"
+             " worker, so sessions and running turns go on. Also how an upgrade is applied"
+             " at once.",
+             "trio-agentd restart\ntrio-agentd restart --json")
+    rs.add_argument("--json", action="store_true", help="print the old and new pid as JSON")
 
-    sd = sub.add_parser("shutdown", help="stop the supervisor and its workers")
+    sd = cmd("shutdown", "stop the supervisor and its workers",
+             "Stop the supervisor on the socket and its workers (sessions stay on disk; the"
+             " next command starts a supervisor again). --all stops every supervisor found.",
+             "trio-agentd shutdown\ntrio-agentd shutdown --all --force")
     sd.add_argument("--all", action="store_true", help="every supervisor found")
     sd.add_argument("--force", action="store_true",
                     help="also kill wedged supervisors (identity-checked)")
-    sd.add_argument("--json", action="store_true")
+    sd.add_argument("--json", action="store_true", help="print what was stopped as JSON")
+
+    cf = cmd("config", "the effective settings and where each came from",
+             "Print every setting's effective value and its source: default, the config file"
+             " ($XDG_CONFIG_HOME/trio-agentd/config.toml, default ~/.config/...) or an"
+             " environment variable (which wins over the file). An invalid file is one line"
+             " naming the file, the key and what is wrong (exit 1); a supervisor refuses to"
+             " start on it. The supervisor reads the file when it starts: `trio-agentd"
+             " restart` applies a change.",
+             "trio-agentd config\ntrio-agentd config --json\n"
+             "printf '[timing]\\nidle_eviction = 0\\n' >> ~/.config/trio-agentd/config.toml",
+             "docs/operations.md (Configuration) lists every key.")
+    cf.add_argument("--json", action="store_true", help="print them as a JSON object")
+
+    cp = cmd("completion", "print a shell completion script (bash, zsh, fish)",
+             "Print a completion script for SHELL, generated from this command line's"
+             " parser. Install it where your shell looks:",
+             "trio-agentd completion bash"
+             " > ~/.local/share/bash-completion/completions/trio-agentd\n"
+             "trio-agentd completion zsh > ~/.zfunc/_trio-agentd  # with fpath+=~/.zfunc\n"
+             "trio-agentd completion fish > ~/.config/fish/completions/trio-agentd.fish")
+    cp.add_argument("shell", choices=("bash", "zsh", "fish"), metavar="SHELL",
+                    help="bash, zsh or fish")
+
+    d = cmd("daemon", "run the supervisor in the foreground",
+            "Run the supervisor in the foreground (clients start one by themselves when none"
+            " runs: this is for a service manager, or to watch its log on stderr). It reads"
+            " the config file once, at start; an invalid one stops it with one line.",
+            "trio-agentd daemon\ntrio-agentd --home /srv/agents -v daemon")
+    d.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+_EXAMPLES = """\
+trio-agentd -p hello                            # prompt the default session (echo agent)
+trio-agentd -p -s build --agent shell 'make test'   # a shell session named build"""
+
+
+def _overview(parser: argparse.ArgumentParser) -> str:
+    """What a bare ``trio-agentd`` prints: one line per command, then the common examples."""
+    import argparse
+
+    lines = ["trio-agentd: long-lived agent sessions that survive anything.", "",
+             "usage: trio-agentd [--socket PATH] [--home DIR] [-v] COMMAND ...", "",
+             "commands:"]
+    rows: list[tuple[str, str]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            rows += [(a.dest, a.help or "") for a in action._choices_actions]
+    rows = [("-p TEXT", "send a prompt to a session (also: prompt)"),
+            *[r for r in rows if r[0] != "prompt"]]
+    width = max(len(name) for name, _ in rows)
+    lines += [f"  {name.ljust(width)}  {text}" for name, text in rows]
+    lines += ["", "examples:", *(f"  {line}" for line in _EXAMPLES.split("\n")), "",
+              "more: trio-agentd COMMAND --help, trio-agentd --help, trio-agentd --version"]
+    return "\n".join(lines)
+
+
+def version_line() -> str:
+    """``trio-agentd X.Y.Z (protocol N)``: the installed package's version (its metadata),
+    else the version built into the code."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ._version import APP_VERSION, PROTOCOL_VERSION
+
+    try:
+        found = version("trio-agentd")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        found = APP_VERSION
+    return f"trio-agentd {found} (protocol {PROTOCOL_VERSION})"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -288,7 +432,8 @@ def _look_args(argv: list[str], at: int) -> Any:
 
     return types.SimpleNamespace(
         command=argv[at], socket=into.socket, home=into.home, registry=into.registry,
-        verbose=into.verbose, **{f[2:].replace("-", "_"): f in argv[at + 1 :] for f in flags},
+        verbose=into.verbose, version=False,
+        **{f[2:].replace("-", "_"): f in argv[at + 1 :] for f in flags},
     )
 
 
@@ -335,14 +480,23 @@ def run(argv: list[str]) -> int:
             return _run_command(prompt, prompt)  # the warm path: no argparse at all
         prompt.socket, prompt.home = late
         argv = [*argv[: at + 1], *(["--help"] if prompt.help else [])]
+    if "--version" in argv[:at] and _parse_globals(
+            [w for w in argv[:at] if w != "--version"], PromptArgs()):
+        print(version_line())  # before argparse: nothing else is needed
+        return EXIT_OK
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    if args.version:
+        print(version_line())
+        return EXIT_OK
     if args.command is None:
-        parser.print_usage(sys.stderr)
-        return EXIT_USAGE
+        # a bare command asks what there is: the overview is the answer (stdout, exit 0);
+        # nothing was attempted, so nothing failed
+        print(_overview(parser))
+        return EXIT_OK
     if prompt is not None:  # global options given after -p
         args.socket = prompt.socket or args.socket
         args.home = prompt.home or args.home
@@ -365,10 +519,21 @@ def _run_command(args: Any, prompt: PromptArgs | None) -> int:
 
 
 def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
+    global _trace
+    if args.verbose and args.command != "daemon":
+        _trace = _Trace()
     try:
+        match args.command:  # those that need no layout
+            case "completion":
+                return _cmd_completion(args.shell)
+            case "config":
+                return _cmd_config(args)
         layout = Layout.resolve(socket=args.socket, home=args.home, registry=args.registry)
         match args.command:
             case "daemon":
+                if (options := _daemon_settings()) is None:
+                    return EXIT_USAGE
+                args.supervisor_options = options
                 return _cmd_daemon(layout, args)
             case "prompt":
                 assert prompt is not None
@@ -545,11 +710,32 @@ def _read_prompt_from_stdin() -> str | None:
     return text[:-1] if text.endswith("\n") else text
 
 
+class _Trace:
+    """``-v``: each connection step on stderr, one line each, with the time since the
+    command started (ms)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.clock = time.monotonic
+        self.start = self.clock()
+
+    def __call__(self, line: str) -> None:
+        from ._text import printable
+
+        ms = (self.clock() - self.start) * 1000
+        print(f"trio-agentd: [{ms:7.1f} ms] {printable(line)}", file=sys.stderr, flush=True)
+
+
+_trace: _Trace | None = None  # set by -v on a client command
+
+
 def _client(layout: Layout, *, autostart: bool = True, connect: bool = True) -> Any:
     from ._syncclient import SyncClient
 
     client = SyncClient(layout, autostart=autostart)
     client.progress = lambda line: print(f"trio-agentd: {line}", file=sys.stderr, flush=True)
+    client.trace = _trace
     if connect:
         client.connect()
     return client
@@ -767,7 +953,7 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
     from ._syncclient import SyncClient, probe
 
     check_socket_path(layout.socket)
-    got = probe(layout, patience=CLIENT.patience)
+    got = probe(layout, patience=CLIENT.patience, trace=_trace)
     if got is None:
         _error(f"no supervisor running on {layout.socket} — the next command starts one")
         return EXIT_FAIL
@@ -859,10 +1045,63 @@ def _cmd_doctor(layout: Layout, args: argparse.Namespace) -> int:
                       as_json=args.json)
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    from . import _config
+
+    try:
+        path, found, settings = _config.load()
+    except _config.ConfigError as exc:
+        _error(exc.message)
+        return EXIT_FAIL
+    if args.json:
+        print(json.dumps({
+            "file": path, "file_exists": found,
+            "settings": {k: {"value": s.value, "source": s.source} for k, s in settings.items()},
+        }))
+        return EXIT_OK
+    print(f"config file: {path}" + ("" if found else " (none: defaults and environment only)"))
+    rows = [(k, json.dumps(s.value), s.source) for k, s in settings.items()]
+    wk = max(len(r[0]) for r in rows)
+    wv = max(len(r[1]) for r in rows)
+    for key, value, source in [("KEY", "VALUE", "FROM"), *rows]:
+        print(f"{key.ljust(wk)}  {value.ljust(wv)}  {source}")
+    return EXIT_OK
+
+
+def _daemon_settings() -> dict[str, Any] | None:
+    """The config file and environment, for a supervisor about to start: the file's values go
+    into this process's environment (its workers read them from there), and the options
+    :class:`SupervisorConfig` takes are returned. ``None`` (after one line on stderr) for an
+    invalid file or variable: the supervisor does not start."""
+    from . import _config
+
+    try:
+        _path, _found, settings = _config.load()
+    except _config.ConfigError as exc:
+        _error(f"{exc.message} — the supervisor does not start on an invalid config")
+        return None
+    os.environ.update(_config.daemon_environment(settings, os.environ))
+    return _config.supervisor_options(settings)
+
+
+def _cmd_completion(shell: str) -> int:
+    try:
+        import shtab
+    except ImportError:
+        _error("shell completion needs the shtab package — install it (pip install shtab)"
+               " next to trio-agentd")
+        return EXIT_FAIL
+    parser = _parser()
+    parser.prog = "trio-agentd"
+    print(shtab.complete(parser, shell=shell))
+    return EXIT_OK
+
+
 def _client_or_none(layout: Layout) -> Any:
     from ._syncclient import SyncClient
 
     client = SyncClient(layout, autostart=False)
+    client.trace = _trace
     try:
         client.connect()
     except AgentdError as exc:
@@ -898,7 +1137,8 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
         _error(str(exc))
         return EXIT_USAGE
     config = SupervisorConfig(
-        socket=layout.socket, home=str(layout.home), registry=str(layout.registry), timing=timing
+        socket=layout.socket, home=str(layout.home), registry=str(layout.registry), timing=timing,
+        **getattr(args, "supervisor_options", {}),
     )
     try:
         trio.run(Supervisor(config).serve)

@@ -146,34 +146,44 @@ def timing_from_env(base: Timing = DEFAULT_TIMING) -> Timing:
     unknown = set(overrides) - names
     if unknown:
         raise TimingError(f"TRIO_AGENTD_TIMING has unknown fields: {sorted(unknown)}")
-    checked: dict[str, object] = {}
-    for name, value in overrides.items():
-        default = getattr(base, name)
-        floor = floor_of(name)
-        if isinstance(default, tuple):
-            if not isinstance(value, list) or not all(_seconds_ok(v, floor) for v in value):
-                raise TimingError(
-                    f"TRIO_AGENTD_TIMING: {name} must be a list of finite seconds,"
-                    f" each >= {floor:g} (got {json.dumps(value)})"
-                )
-            checked[name] = tuple(float(v) for v in value)
-        elif type(default) is int:
-            if not isinstance(value, int) or isinstance(value, bool) or value < floor:
-                raise TimingError(
-                    f"TRIO_AGENTD_TIMING: {name} must be a whole number >= {floor:g}"
-                    f" (got {json.dumps(value)})"
-                )
-            checked[name] = value
-        else:
-            off = name in ZERO_MEANS_OFF and _is_number(value) and value == 0
-            if not off and not _seconds_ok(value, floor):
-                also = " (or 0: off)" if name in ZERO_MEANS_OFF else ""
-                raise TimingError(
-                    f"TRIO_AGENTD_TIMING: {name} must be a finite number of seconds >= {floor:g}"
-                    f"{also} (got {json.dumps(value)})"
-                )
-            checked[name] = float(value)
+    checked = {name: check_override(name, value, f"TRIO_AGENTD_TIMING: {name}", base)
+               for name, value in overrides.items()}
     return dataclasses.replace(base, **checked)  # type: ignore[arg-type]
+
+
+def check_override(name: str, value: object, label: str, base: Timing = DEFAULT_TIMING) -> object:
+    """``value`` as field ``name`` of a :class:`Timing` takes it (a tuple for a list of delays,
+    a float for seconds, an int for a count), checked against the field's floor.
+
+    Pure; shared by ``TRIO_AGENTD_TIMING`` and the config file's ``[timing]`` table.
+
+    Raises:
+        TimingError: ``label`` (where the value came from), what the field must be, and the
+            value as given. NaN, infinities and booleans are refused.
+    """
+    import json
+
+    default = getattr(base, name)
+    floor = floor_of(name)
+    shown = json.dumps(value) if isinstance(value, bool | int | float | str | list) else repr(value)
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(_seconds_ok(v, floor) for v in value):
+            raise TimingError(
+                f"{label} must be a list of finite seconds, each >= {floor:g} (got {shown})"
+            )
+        return tuple(float(v) for v in value)
+    if type(default) is int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < floor:
+            raise TimingError(f"{label} must be a whole number >= {floor:g} (got {shown})")
+        return value
+    off = name in ZERO_MEANS_OFF and _is_number(value) and value == 0
+    if not off and not _seconds_ok(value, floor):
+        also = " (or 0: off)" if name in ZERO_MEANS_OFF else ""
+        raise TimingError(
+            f"{label} must be a finite number of seconds >= {floor:g}{also} (got {shown})"
+        )
+    assert isinstance(value, int | float)
+    return float(value)
 
 
 def _seconds_ok(value: object, floor: float) -> bool:
