@@ -900,8 +900,15 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
     config = SupervisorConfig(
         socket=layout.socket, home=str(layout.home), registry=str(layout.registry), timing=timing
     )
+    from ._sdactivate import take_listener
+    from ._sdnotify import Notifier
+
+    # a service manager's variables are read once and removed: workers and successors must
+    # not inherit them (docs/operations.md, "Running under systemd")
+    notifier = Notifier.from_environ(os.environ)
     try:
-        trio.run(Supervisor(config).serve)
+        inherited = take_listener(os.environ, layout.socket)
+        trio.run(Supervisor(config, inherited=inherited, notifier=notifier).serve)
     except AgentdError as exc:
         if exc.code == ErrorCode.ALREADY_RUNNING and args.autostarted:
             log.info("autostart lost the race: %s", exc.message)

@@ -203,3 +203,14 @@ SERVICE_RESTART_DELAY = 0.5
 MAX_CLIENT_CONNECTIONS = 1024
 # the most sessions a supervisor runs: creating one more fails with ``resource_exhausted``
 MAX_SESSIONS = 1000
+
+# --- running under a service manager (systemd) ------------------------------------------------
+
+# the longest one sd_notify datagram may take to send (a full notify socket): then it is given
+# up on, logged once, and the supervisor goes on
+SD_NOTIFY_TIMEOUT = 1.0
+# ``WatchdogSec=`` of the unit ``trio-agentd service install`` writes: the supervisor pings
+# every half of it, from its self-check loop (every ``self_check_interval``, 0.25 s), so a
+# supervisor whose loop is wedged, or whose ownership check or socket stays broken, is
+# restarted by systemd this long after its last healthy check
+SERVICE_WATCHDOG_SEC = 30
