@@ -136,11 +136,13 @@ class InheritedListener:
 
 
 def take_listener(
-    environ: MutableMapping[str, str], expected: str, *, pid: int | None = None
+    environ: MutableMapping[str, str], expected: str, *, pid: int | None = None,
+    fd: int = SD_LISTEN_FDS_START,
 ) -> InheritedListener | None:
     """The listening socket passed by the service manager, proven ours, or ``None`` when none
     was passed to this process. ``LISTEN_*`` are removed from ``environ`` either way, and the
-    fd is made close-on-exec.
+    fd is made close-on-exec. ``fd``: where the socket is (3, as the protocol says; tests
+    pass another).
 
     Raises:
         AgentdError: ``config`` (or ``permission_denied`` for an untrusted socket dir), one
@@ -150,7 +152,6 @@ def take_listener(
     if not listen_request(raw["LISTEN_PID"], raw["LISTEN_FDS"], raw["LISTEN_FDNAMES"],
                           os.getpid() if pid is None else pid):
         return None
-    fd = SD_LISTEN_FDS_START
     facts = _facts(fd, expected)
     problem = listener_problem(facts)
     if problem is not None:
