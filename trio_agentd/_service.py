@@ -23,9 +23,10 @@ rest is a thin shell of file writes and prints.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,14 +148,51 @@ class UnitState:
     state: str  # "current" | "differs" | "missing"
 
 
-def _state(path: Path, want: str) -> UnitState:
+def installed_python(text: str) -> str | None:
+    """The program of a unit's ``ExecStart=`` (the first word, unquoted and unescaped as
+    :func:`exec_quote` wrote it), or ``None``."""
+    for line in text.splitlines():
+        if not line.startswith("ExecStart="):
+            continue
+        value = line[len("ExecStart="):]
+        if value.startswith('"'):
+            out, i = [], 1
+            while i < len(value) and value[i] != '"':
+                if value[i] == "\\" and i + 1 < len(value):
+                    i += 1
+                out.append(value[i])
+                i += 1
+            word = "".join(out)
+        else:
+            word = value.split(None, 1)[0] if value.strip() else ""
+        return word.replace("%%", "%").replace("$$", "$") or None
+    return None
+
+
+def same_python(a: str, b: str) -> bool:
+    """Two paths of one interpreter in one environment (``venv/bin/python`` and
+    ``venv/bin/python3``): same dir, same file. Not resolved further: a venv is known by the
+    path it is run by."""
+    try:
+        return os.path.dirname(a) == os.path.dirname(b) and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _state(path: Path, want: Callable[[str | None], str]) -> UnitState:
+    """``want(python)``: the unit this installation writes, naming ``python`` (None: ours)."""
     try:
         have = path.read_text()
     except FileNotFoundError:
         return UnitState(path, "missing")
     except (OSError, UnicodeDecodeError):
         return UnitState(path, "differs")
-    return UnitState(path, "current" if have == want else "differs")
+    if have == want(None):
+        return UnitState(path, "current")
+    python = installed_python(have)
+    if python is not None and same_python(python, sys.executable) and have == want(python):
+        return UnitState(path, "current")  # written by this Python under another of its names
+    return UnitState(path, "differs")
 
 
 def add_service_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -209,24 +247,26 @@ def _say_error(message: str) -> None:
     print(f"trio-agentd: error: {message}", file=sys.stderr)
 
 
-def _write(path: Path, text: str) -> str:
+def _write(path: Path, want: Callable[[str | None], str]) -> str:
     from ._fs import atomic_write
 
-    old = _state(path, text).state
+    old = _state(path, want).state
     if old == "current":
         return "unchanged"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, text.encode(), mode=0o644)
+    atomic_write(path, want(None).encode(), mode=0o644)
     return "wrote" if old == "missing" else "rewrote"
 
 
 def _install(layout: Layout, *, socket_activation: bool, systemctl: bool) -> int:
     d = unit_dir()
-    units = [(d / SERVICE_FILE, render_service(layout, socket_activation=socket_activation))]
+    units: list[tuple[Path, Callable[[str | None], str]]] = [(
+        d / SERVICE_FILE,
+        lambda py: render_service(layout, socket_activation=socket_activation, python=py))]
     if socket_activation:
-        units.append((d / SOCKET_FILE, render_socket(layout)))
-    for path, text in units:
-        print(f"{_write(path, text)} {path}")
+        units.append((d / SOCKET_FILE, lambda _: render_socket(layout)))
+    for path, want in units:
+        print(f"{_write(path, want)} {path}")
     stale_socket = not socket_activation and (d / SOCKET_FILE).exists()
     if stale_socket:
         (d / SOCKET_FILE).unlink()
@@ -278,13 +318,20 @@ def _uninstall(*, systemctl: bool) -> int:
 
 def _status(layout: Layout) -> int:
     d = unit_dir()
-    socket_state = _state(d / SOCKET_FILE, render_socket(layout))
+    socket_state = _state(d / SOCKET_FILE, lambda _: render_socket(layout))
     activation = socket_state.state != "missing"
-    service = _state(d / SERVICE_FILE, render_service(layout, socket_activation=activation))
+    service = _state(d / SERVICE_FILE, lambda py: render_service(
+        layout, socket_activation=activation, python=py))
     good = service.state == "current" and socket_state.state in ("current", "missing")
     print(f"service unit {service.path}: {_SAY[service.state]}")
     if activation:
         print(f"socket unit {socket_state.path}: {_SAY[socket_state.state]}")
+    if service.state == "differs":
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            for line in service.path.read_text().splitlines():
+                if line.startswith("ExecStart="):
+                    print(f"  it runs:       {line[len('ExecStart='):]}")
+        print("  this would run: " + " ".join(exec_quote(w) for w in daemon_argv(layout)))
     if not good:
         print("run `trio-agentd service install"
               f"{' --socket-activation' if activation else ''}` to write it for this"

@@ -901,11 +901,17 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
         socket=layout.socket, home=str(layout.home), registry=str(layout.registry), timing=timing
     )
     from ._sdactivate import take_listener
-    from ._sdnotify import Notifier
+    from ._sdnotify import NOTIFY_ENV, Notifier
 
     # a service manager's variables are read once and removed: workers and successors must
-    # not inherit them (docs/operations.md, "Running under systemd")
-    notifier = Notifier.from_environ(os.environ)
+    # not inherit them (docs/operations.md, "Running under systemd"). An autostarted daemon is
+    # no service's main process: what its client inherited from a unit is not for it
+    if args.autostarted:
+        for name in NOTIFY_ENV:
+            os.environ.pop(name, None)
+        notifier = Notifier(None)
+    else:
+        notifier = Notifier.from_environ(os.environ)
     try:
         inherited = take_listener(os.environ, layout.socket)
         trio.run(Supervisor(config, inherited=inherited, notifier=notifier).serve)

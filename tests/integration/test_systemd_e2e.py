@@ -99,6 +99,24 @@ def test_a_watchdog_meant_for_another_pid_is_not_pinged(
     assert sup.wait(timeout=30) == 0
 
 
+def test_an_autostarted_supervisor_notifies_no_one(
+    denv: DaemonEnv, notify: tuple[socket.socket, str]
+) -> None:
+    # a client run by some Type=notify unit autostarts a supervisor: that unit's socket is
+    # not the supervisor's to notify
+    s, path = notify
+    cp = denv.run("-p", "hi", env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"})
+    assert cp.returncode == 0, cp.stderr
+    sup = int(denv.owner()["pid"])
+    worker = _worker_pid(denv, "default")
+    assert "NOTIFY_SOCKET" not in _environ(worker)
+    os.kill(sup, signal.SIGTERM)
+    wait_for(lambda: sup not in denv.our_pids(), timeout=30, what="the supervisor to exit")
+    s.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        s.recv(4096)  # it has exited: anything it sent would be here
+
+
 # --- socket activation -------------------------------------------------------------------------
 
 # what systemd does between fork and exec: the socket onto fd 3, LISTEN_PID = the pid that

@@ -16,6 +16,7 @@ from trio_agentd._paths import Layout
 from trio_agentd._service import (
     add_service_parser,
     exec_quote,
+    installed_python,
     render_service,
     run_service,
     unit_dir,
@@ -97,6 +98,8 @@ def test_status_says_missing_current_and_differs(
     assert service(other, "status") == 1
     out = capsys.readouterr().out
     assert "differs from what this installation writes" in out
+    assert f"it runs:       {sys.executable} -E -P -m trio_agentd --socket {layout.socket}" in out
+    assert f"this would run: {sys.executable} -E -P -m trio_agentd --socket {other.socket}" in out
     assert "run `trio-agentd service install`" in out
     # edited by hand
     unit = units / "trio-agentd.service"
@@ -226,3 +229,36 @@ def test_render_is_deterministic_for_a_layout(layout: Layout) -> None:
     a = render_service(layout, socket_activation=False)
     assert a == render_service(layout, socket_activation=False)
     assert a != render_service(layout, socket_activation=True)
+
+
+def test_installed_python_reads_back_what_exec_quote_wrote() -> None:
+    for python in ("/usr/bin/python3", "/opt/my env/bin/python", '/x"y\\z/50%/$v/python'):
+        text = render_service(Layout(home="/h", socket="/s.sock", registry="/r"),
+                              socket_activation=False, python=python)
+        assert installed_python(text) == python
+    assert installed_python("[Service]\nType=notify\n") is None
+
+
+def test_a_unit_written_by_another_name_of_this_python_is_current(
+    layout: Layout, units: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a venv's python and python3: one interpreter, two names (the console script runs one,
+    # `python -m` the other)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python3").symlink_to(sys.executable)
+    (venv / "python").symlink_to("python3")
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    assert service(layout, "install") == 0
+    monkeypatch.setattr(sys, "executable", str(venv / "python3"))
+    capsys.readouterr()
+    assert service(layout, "status") == 0
+    assert service(layout, "install") == 0
+    assert "unchanged" in capsys.readouterr().out
+    # the same interpreter in another environment is another installation
+    other = tmp_path / "other" / "bin"
+    other.mkdir(parents=True)
+    (other / "python3").symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(other / "python3"))
+    assert service(layout, "status") == 1
