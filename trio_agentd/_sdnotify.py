@@ -115,6 +115,7 @@ class Notifier:
         self._sender = sender
         self._sock: trio.socket.SocketType | None = None
         self._last_status: str | None = None
+        self._stopping = False  # then the stopping STATUS stays: no "serving …" over it
         self._failed = 0  # failures since the first one was logged
 
     @property
@@ -183,13 +184,14 @@ class Notifier:
         await self.send("READY=1", f"STATUS={status}")
 
     async def status(self, text: str) -> None:
-        """``STATUS=text`` if it differs from the last one sent."""
-        if text != self._last_status:
+        """``STATUS=text`` if it differs from the last one sent (none once stopping)."""
+        if text != self._last_status and not self._stopping:
             self._last_status = text
             await self.send(f"STATUS={text}")
 
     async def stopping(self, status: str) -> None:
         self._last_status = status
+        self._stopping = True
         await self.send("STOPPING=1", f"STATUS={status}")
 
     async def healthy(self) -> None:

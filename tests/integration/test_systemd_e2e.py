@@ -92,9 +92,9 @@ def test_a_watchdog_meant_for_another_pid_is_not_pinged(
                                     "WATCHDOG_PID": "1"})
     assert _next(s, skip_pings=False).startswith("READY=1\n")
     assert denv.prompt("hi") == "[echo turn 1] hi"  # many self-checks later...
-    sup.send_signal(signal.SIGTERM)
     # ... the next message is the status change, then stopping: never a ping
     assert _next(s, skip_pings=False).startswith("STATUS=serving 1 session")
+    sup.send_signal(signal.SIGTERM)
     assert _next(s, skip_pings=False).startswith("STOPPING=1\n")
     assert sup.wait(timeout=30) == 0
 

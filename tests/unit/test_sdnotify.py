@@ -106,6 +106,7 @@ async def test_messages_reach_a_path_socket(receiver: tuple[socket.socket, str])
     await n.status("serving 0 sessions (0 workers running)")  # unchanged: not sent
     await n.status("serving 1 session (1 worker running)")
     await n.stopping("stopping: workers left running for adoption")
+    await n.status("serving 0 sessions (0 workers running)")  # stopping: the status stays
     n.close()
     got = [sock.recv(4096) for _ in range(3)]
     assert got == [
