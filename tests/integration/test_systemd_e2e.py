@@ -188,6 +188,25 @@ def test_socket_activation_serves_on_the_inherited_socket_and_never_unlinks_it(
     assert worker in denv.our_pids()
 
 
+def test_an_activated_supervisor_whose_socket_file_is_removed_binds_its_own(
+    denv: DaemonEnv,
+) -> None:
+    listener = _listening_unix(denv.socket)
+    sup = _activated(denv, listener.fileno())
+    listener.close()
+    wait_for(lambda: (denv.hello() or {}).get("pid") == sup.pid, timeout=30,
+             what="the activated supervisor to answer")
+    inherited = os.lstat(denv.socket).st_ino
+    os.unlink(denv.socket)  # a cleaner; clients could no longer reach it
+    wait_for(lambda: os.path.lexists(denv.socket), timeout=30,
+             what="the self-check to bind the path again")
+    assert os.lstat(denv.socket).st_ino != inherited
+    assert denv.prompt("hi") == "[echo turn 1] hi"
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(timeout=30) == 0
+    assert not os.path.lexists(denv.socket)  # that one it bound itself: removed on exit
+
+
 def _refused(p: subprocess.Popen[str]) -> str:
     _, err = p.communicate(timeout=60)
     assert p.returncode == 1, err
