@@ -8,8 +8,13 @@ registry guard), take the socket lease, prove the generation belongs to this hom
 hello has a record. Every command first calls ``Ownership.ensure_current`` (one file read; a
 single-flight restore when a cleaner deleted the record). A self-check every
 ``self_check_interval`` does the same with no traffic, and re-binds the socket path if it was
-unlinked or replaced. SIGTERM/SIGINT/SIGHUP stop the supervisor and leave workers running for the
-next one to adopt; the ``shutdown`` op stops the workers too.
+unlinked or replaced. SIGTERM/SIGHUP/SIGQUIT stop the supervisor and leave workers running for
+the next one to adopt; SIGINT (Ctrl-C on a foreground ``daemon``) and the ``shutdown`` op stop the
+workers too.
+
+Under a service manager (``_sdnotify``, ``_sdactivate``): READY/STATUS/STOPPING notifications,
+watchdog pings from the self-check loop after a healthy check, and a listening socket taken
+from the manager (socket activation) instead of bound — never unlinked by us then.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ from ._protocol import (
 from ._protocol import Event as EventMsg
 from ._recovery import Mode, StopReason, idle_victims
 from ._registry import Ownership, Registry
+from ._sdactivate import InheritedListener
+from ._sdnotify import Notifier, status_text
 from ._session import check_session_id, read_meta, write_meta
 from ._stream import MessageStream
 from ._trust import agent_environment, make_private_dirs, prove_socket_dir
@@ -128,6 +135,9 @@ class Supervisor:
         listener: where clients connect instead of the Unix socket (then no socket is bound,
             watched or rebound); ``trio_agentd.testing.MemoryListener`` hands out in-memory
             streams.
+        inherited: the listening socket a service manager passed (socket activation), proven
+            by ``_sdactivate.take_listener``: used instead of binding, never unlinked.
+        notifier: tells a service manager READY/STATUS/STOPPING and pings its watchdog.
     """
 
     def __init__(
@@ -136,6 +146,8 @@ class Supervisor:
         *,
         worker_ops: Callable[[Supervisor], ProcessWorkerOps] | None = None,
         listener: ClientListener | None = None,
+        inherited: InheritedListener | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
         self.layout = config.layout()
@@ -159,6 +171,9 @@ class Supervisor:
         self.ops = (ProcessWorkerOps(self.layout, self.ownership, self.timing)
                     if worker_ops is None else worker_ops(self))
         self._client_listener = listener
+        self._inherited = inherited
+        self._bound_by_us = False  # an inherited socket is the manager's: never unlinked
+        self.notifier = notifier or Notifier(None)
         self.sessions: dict[str, WorkerHandle] = {}
         # sessions killed in this supervisor's life and not made anew since: a resent command
         # of theirs is answered session_killed, not run in a new session
@@ -217,7 +232,10 @@ class Supervisor:
                 # take a starting supervisor for a wedged one)
                 self._load_descriptors()
                 if self._client_listener is None:
-                    self._bind()
+                    if self._inherited is not None:
+                        self._take_inherited(self._inherited)
+                    else:
+                        self._bind()
                 async with trio.open_nursery() as service:
                     self._service = service
                     self.ops.nursery = service
@@ -253,7 +271,11 @@ class Supervisor:
                             self.generation, os.getpid(), L.socket,
                         )
                         task_status.started(self)
+                        await self.notifier.ready(self._status_text())
                         await self.shutdown_requested.wait()
+                        await self.notifier.stopping(
+                            "stopping: " + ("stopping the workers" if self.stop_workers
+                                            else "workers left running for adoption"))
                         # "stopping" before the listener closes: ps does not call it wedged
                         with contextlib.suppress(AgentdError, OSError):
                             await self.ownership.set_phase(Phase.STOPPING)
@@ -273,6 +295,7 @@ class Supervisor:
             with trio.move_on_after(3, shield=True):
                 await self.ownership.release()
             self.stopped.set()
+        self.notifier.close()
         if self.restart_requested:
             self._spawn_successor()
 
@@ -373,6 +396,15 @@ class Supervisor:
         raw.listen(128)
         self._listen_sock = trio.socket.from_stdlib_socket(raw)
         self._bound_ino = os.stat(path).st_ino
+        self._bound_by_us = True
+
+    def _take_inherited(self, inherited: InheritedListener) -> None:
+        """Listen on the socket the service manager bound (proven ours already)."""
+        self._listen_sock = trio.socket.from_stdlib_socket(inherited.sock)
+        self._bound_ino = inherited.ino
+        self._bound_by_us = False
+        log.info("listening on %s, a socket passed by the service manager (socket"
+                 " activation)", self.layout.socket)
 
     def _close_listener(self, *, unlink: bool) -> None:
         if self._client_listener is not None:
@@ -381,7 +413,7 @@ class Supervisor:
         self._listen_sock = None
         if sock is None:
             return
-        if unlink:
+        if unlink and self._bound_by_us:
             with contextlib.suppress(OSError):
                 if os.stat(self.layout.socket).st_ino == self._bound_ino:
                     os.unlink(self.layout.socket)
@@ -465,8 +497,11 @@ class Supervisor:
     async def _self_check_loop(self) -> None:
         last: str | None = None
         bind_error: str | None = None  # logged once per cause, not every tick
+        # a watchdog shorter than the self-check interval needs checks as often as its pings
+        period = self.notifier.check_period(self.timing.self_check_interval)
         while True:
-            await trio.sleep(self.timing.self_check_interval)
+            await trio.sleep(period)
+            healthy = True
             try:
                 # an owner record that cannot be read (EMFILE, EIO…) raises OwnershipUnknown:
                 # logged (rate-limited) and checked again next tick, never "lost"
@@ -478,6 +513,7 @@ class Supervisor:
             except AgentdError as exc:
                 self.rl.error(("self-check", exc.message), "self-check: %s", exc.message)
                 last = exc.message
+                healthy = False
             if self.ownership.revoked.is_set():
                 log.error("generation %s was revoked; exiting (workers keep running)",
                           self.generation)
@@ -492,6 +528,18 @@ class Supervisor:
                     if str(exc) != bind_error:
                         log.error("could not bind %s again: %s", self.layout.socket, exc)
                     bind_error = str(exc)
+                    healthy = False
+            if self.notifier.enabled:
+                # the watchdog ping only after a healthy check: a wedged supervisor (its loop
+                # blocked, its record lost, its socket unbindable) stops pinging
+                if healthy:
+                    await self.notifier.healthy()
+                await self.notifier.status(self._status_text())
+
+    def _status_text(self) -> str:
+        running = sum(1 for h in self.sessions.values()
+                      if h.mode.value not in (Mode.STOPPED, Mode.FAILED))
+        return status_text(len(self.sessions), running)
 
     def _heal_state(self) -> None:
         """Dirs a cleaner deleted under a live supervisor are made again and their files
@@ -606,13 +654,17 @@ class Supervisor:
 
     async def _signals(self) -> None:
         """Every signal that would otherwise end the supervisor without a word is handled and
-        logged (docs/operations.md has the table): TERM, INT, HUP and QUIT stop it (workers
-        left running, to be adopted by the next supervisor); USR1, USR2 and ALRM are
-        ignored."""
+        logged (docs/operations.md has the table): INT (Ctrl-C on a foreground daemon) is a
+        clean shutdown, workers stopped; TERM, HUP and QUIT stop it with workers left running,
+        to be adopted by the next supervisor (a service manager's stop or restart); USR1, USR2
+        and ALRM are ignored."""
         with trio.open_signal_receiver(*SUPERVISOR_SIGNALS) as sigs:
             async for signum in sigs:
                 name = signal.Signals(signum).name
-                if signum in SUPERVISOR_STOP_SIGNALS:
+                if signum == signal.SIGINT:
+                    log.info("signal %s: shutting down, stopping the workers", name)
+                    self.request_shutdown(stop_workers=True)
+                elif signum in SUPERVISOR_STOP_SIGNALS:
                     log.info("signal %s: stopping, workers left running", name)
                     self.request_shutdown(stop_workers=False)
                 else:

@@ -345,9 +345,16 @@ def _parser() -> argparse.ArgumentParser:
     d = cmd("daemon", "run the supervisor in the foreground",
             "Run the supervisor in the foreground (clients start one by themselves when none"
             " runs: this is for a service manager, or to watch its log on stderr). It reads"
-            " the config file once, at start; an invalid one stops it with one line.",
+            " the config file once, at start; an invalid one stops it with one line. Ctrl-C"
+            " (SIGINT) stops it and its workers; SIGTERM leaves the workers running, for the"
+            " next supervisor to adopt (docs/operations.md, Signals).",
             "trio-agentd daemon\ntrio-agentd --home /srv/agents -v daemon")
     d.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
+
+    from ._service import SERVICE_DESCRIPTION, SERVICE_EXAMPLES, add_service_parser
+
+    add_service_parser(sub, description=_fill(SERVICE_DESCRIPTION), formatter_class=raw,
+                       epilog=_epilog(SERVICE_EXAMPLES))
     return p
 
 
@@ -530,6 +537,10 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
                 return _cmd_config(args)
         layout = Layout.resolve(socket=args.socket, home=args.home, registry=args.registry)
         match args.command:
+            case "service":
+                from ._service import run_service
+
+                return run_service(args, layout)
             case "daemon":
                 if (options := _daemon_settings()) is None:
                     return EXIT_USAGE
@@ -1140,8 +1151,21 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
         socket=layout.socket, home=str(layout.home), registry=str(layout.registry), timing=timing,
         **getattr(args, "supervisor_options", {}),
     )
+    from ._sdactivate import take_listener
+    from ._sdnotify import NOTIFY_ENV, Notifier
+
+    # a service manager's variables are read once and removed: workers and successors must
+    # not inherit them (docs/operations.md, "Running under systemd"). An autostarted daemon is
+    # no service's main process: what its client inherited from a unit is not for it
+    if args.autostarted:
+        for name in NOTIFY_ENV:
+            os.environ.pop(name, None)
+        notifier = Notifier(None)
+    else:
+        notifier = Notifier.from_environ(os.environ)
     try:
-        trio.run(Supervisor(config).serve)
+        inherited = take_listener(os.environ, layout.socket)
+        trio.run(Supervisor(config, inherited=inherited, notifier=notifier).serve)
     except AgentdError as exc:
         if exc.code == ErrorCode.ALREADY_RUNNING and args.autostarted:
             log.info("autostart lost the race: %s", exc.message)

@@ -227,3 +227,14 @@ TEST_KILL_CONFIRM_TIMEOUT = 5.0
 # ``open_fake_supervisor`` (and its fixture) fail a test still running after this much trio
 # time: a supervisor in the test process takes SIGALRM, so pytest-timeout cannot end it
 TEST_VIRTUAL_TIME_LIMIT = 24 * 3600.0
+
+# --- running under a service manager (systemd) ------------------------------------------------
+
+# the longest one sd_notify datagram may take to send (a full notify socket): then it is given
+# up on, logged once, and the supervisor goes on
+SD_NOTIFY_TIMEOUT = 1.0
+# ``WatchdogSec=`` of the unit ``trio-agentd service install`` writes: the supervisor pings
+# every half of it, from its self-check loop (every ``self_check_interval``, 0.25 s), so a
+# supervisor whose loop is wedged, or whose ownership check or socket stays broken, is
+# restarted by systemd this long after its last healthy check
+SERVICE_WATCHDOG_SEC = 30
