@@ -931,6 +931,55 @@ def _survival(r: Data) -> str:
     return f"cannot: after kill -9 and a restart ({r.get('how', 'restarted')}), {facts}"
 
 
+def sec_lifecycle(doc: Doc, figs: dict[str, Data]) -> None:
+    """Startup, launch of 100 and clean stop of 100: trio-agentd against the peers."""
+    doc.add("## Startup, launch and stop, against the peers", "",
+            "trio-agentd (from the cold-start and bulk figures of `benchmarks/startup.py`): "
+            "startup is a cold `trio-agentd -p hi` with no daemon, to its printed reply; "
+            "launch is one client process (`open_client`, Trio) creating 100 new sessions at "
+            "once, from no daemon (it autostarts the supervisor) until each answered its first "
+            "prompt; stop is `trio-agentd shutdown` with those 100, until the supervisor and "
+            "every worker are gone. Peers (`benchmarks/peers.py`, same run, idle stand-in "
+            "programs): startup is the start command with 1 program until its status command "
+            "first shows it running, launch the same with 100, stop the peer's clean stop "
+            "command (`supervisorctl shutdown`, `circusctl quit`, `pm2 kill`) until the daemon "
+            "and every program are gone. A peer's status is polled every 20 ms, each poll a "
+            "whole status command.", "")
+    boot = get(figs, "startup", "data")
+    peers = get(figs, "peers", "data")
+    ours = {"startup": get(boot, "cold", "cold_start_ms"), "launch": get(boot, "bulk", "launch_ms"),
+            "stop": get(boot, "bulk", "stop_ms")}
+    names = _peer_names(peers) if isinstance(peers, dict) else []
+
+    def peer(name: str, key: str) -> Any:
+        return get(peers, name, "lifecycle_ms", key)
+
+    def cell(s: Any) -> str:
+        if not isinstance(s, dict):
+            return "not measured"
+        return (f"{num(s.get('median'), 'ms')} (min {num(s.get('min'))}, max "
+                f"{num(s.get('max'))}, n={num(s.get('n'))})")
+
+    rows = []
+    goals = {"startup": ("supervisord", "startup (no daemon) → first prompt answered"),
+             "launch": ("circus", "launch → 100 new sessions all answering"),
+             "stop": ("supervisord", "clean `shutdown` with 100 sessions → nothing left")}
+    for key, (rival, label) in goals.items():
+        mine = get(ours[key], "median")
+        theirs = get(peer(rival, key), "median")
+        if isinstance(mine, int | float) and isinstance(theirs, int | float):
+            v = "met" if mine < theirs else f"missed: {mine / theirs:.2f}x {rival}'s"
+        else:
+            v = "not measured"
+        doc.goal(label, f"{num(mine, 'ms')} ({rival}: {num(theirs, 'ms')})",
+                 f"faster than {rival}'s, same run", v)
+        rows.append([label, cell(ours[key]),
+                     *[f"error: {err}"[:200] if (err := get(peers, n, "lifecycle_ms", "error"))
+                       else cell(peer(n, key)) for n in names],
+                     f"faster than {rival}", v])
+    doc.table(["figure", "trio-agentd", *names, "goal", "verdict"], rows)
+
+
 def sec_peers(doc: Doc, figs: dict[str, Data]) -> None:
     res = figs.get("peers", {})
     doc.add("## Peers, side by side", "",
@@ -1143,6 +1192,7 @@ def render(report: Data, plot_md: str) -> str:
         elif name == "cancel":
             sec_cancel(body, res)
         elif name == "peers":
+            sec_lifecycle(body, figs)
             sec_peers(body, figs)
     mode = "quick (`--quick`: fewer repetitions, shorter windows)" if report["quick"] else "full"
     doc.add("# Benchmarks", "",
