@@ -156,11 +156,12 @@ class Layout:
     ``dataclasses``, ``pathlib`` or ``platformdirs``.
     """
 
-    __slots__ = ("_home", "_registry", "home_source", "socket")
+    __slots__ = ("_home", "_key", "_registry", "home_source", "socket")
 
     socket: str
     _home: str | None
     _registry: str | None
+    _key: str | None
     # what set the home explicitly ("--home", "TRIO_AGENTD_HOME", "home="; set by ``resolve``),
     # None otherwise: only an explicit home is checked against the home a supervisor serves
     home_source: str | None
@@ -177,6 +178,7 @@ class Layout:
         object.__setattr__(self, "home_source", home_source)
         object.__setattr__(self, "_home", None if home is None else os.fspath(home))
         object.__setattr__(self, "_registry", None if registry is None else os.fspath(registry))
+        object.__setattr__(self, "_key", None)  # socket_key(socket), on first use
 
     @classmethod
     def resolve(
@@ -305,7 +307,12 @@ class Layout:
 
     @property
     def key(self) -> str:
-        return socket_key(self.socket)
+        # every state path is under it: computed once (a supervisor asks for it per write)
+        key: str | None = self._key
+        if key is None:
+            key = socket_key(self.socket)
+            object.__setattr__(self, "_key", key)
+        return key
 
     @property
     def socket_dir(self) -> str:

@@ -38,7 +38,7 @@ from ._identity import Liveness, liveness, read_start_id, signal_group_identity_
 from ._paths import Layout
 from ._recovery import Mode, RecoveryState, StopReason, descriptor_lifecycle
 from ._registry import Ownership
-from ._session import Transcript, read_meta, write_meta
+from ._session import Transcript, read_meta
 from ._storage import STORAGE_ERRNOS, storage_error
 from ._trust import (
     agent_environment,
@@ -209,7 +209,8 @@ class ProcessWorkerOps:
                     "created_at": h.created_at, "socket": L.socket,
                     "env": h.env if h.env is not None else agent_environment(dict(os.environ))}
             with _naming(session_dir / "session.json"):
-                write_meta(session_dir, meta)
+                self._write(session_dir / "session.json",
+                            json.dumps(meta, sort_keys=True).encode())
         env = session_environment(meta)
         with _naming(L.token_path(h.session_id)):
             self._write(L.token_path(h.session_id), h.token.encode())
@@ -275,8 +276,9 @@ class ProcessWorkerOps:
                 with _naming(L.descriptor_path(h.session_id)):
                     self.persist(h, lifecycle=Mode.STARTING)
                     await self.writer.durable(path=L.descriptor_path(h.session_id))
-                with _naming(L.token_path(h.session_id)):
-                    await self.writer.durable(path=L.token_path(h.session_id))
+                for path in (L.token_path(h.session_id), session_dir / "session.json"):
+                    with _naming(path):
+                        await self.writer.durable(path=path)
             except OSError as exc:
                 raise _DescriptorUnwritten(exc) from None
             await stdin.send_all(b"go\n")
