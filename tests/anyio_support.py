@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -54,12 +53,3 @@ class TrioByteStream(anyio.abc.ByteStream):
 
     async def aclose(self) -> None:
         await self.stream.aclose()
-
-
-async def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str) -> None:
-    """Wait (polling every 5 ms) until ``predicate()`` holds; fail after ``timeout`` seconds."""
-    with anyio.move_on_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.005)
-        return
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -512,9 +512,11 @@ class Client:
                     pass  # the consumer went away
 
         self._nursery.start_soon(run)
-        with recv:  # closed when the consumer stops early: the prompt's task goes on
+        try:
             async for piece in recv:
                 yield piece
+        finally:
+            recv.close()  # a consumer that stopped early: the prompt's task goes on
         if failure:
             raise failure[0]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -22,7 +22,7 @@ import anyio.abc
 import pytest
 
 from trio_agentd import _client
-from trio_agentd._aio import MessageStream
+from trio_agentd._aio import MessageStream, Silence
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._paths import Layout
 from trio_agentd._protocol import (
@@ -36,7 +36,7 @@ from trio_agentd._protocol import (
 )
 from trio_agentd.timing import DEFAULT_TIMING
 
-from ..anyio_support import assert_on, socket_stream_pair, wait_until
+from ..anyio_support import assert_on, socket_stream_pair
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -46,7 +46,7 @@ TIMING = dataclasses.replace(DEFAULT_TIMING, link_ping_interval=PING_INTERVAL,
                              link_ping_timeout=PING_TIMEOUT, patience=PING_TIMEOUT)
 SETTLE = 10.0  # seconds a condition the test waits for may take on a loaded machine
 
-Turn = Callable[["FakePeer", Request], Awaitable[None]]
+Turn = Callable[["FakePeer", Request], Coroutine[Any, Any, None]]
 
 
 class FakePeer:
@@ -60,6 +60,8 @@ class FakePeer:
         self.pings = 0
         self.requests: list[Request] = []
         self.sent_chunks = 0
+        self.sent_enough = anyio.Event()  # set once ``enough`` chunks went out
+        self.enough = 0
         self._lock = anyio.Lock()
 
     async def serve(self) -> None:
@@ -84,6 +86,8 @@ class FakePeer:
         async with self._lock:
             await self.ms.stream.send(header + data)
         self.sent_chunks += 1
+        if self.sent_chunks == self.enough:
+            self.sent_enough.set()
 
     async def reply(self, rid: int, **result: Any) -> None:
         await self.send(Response(id=rid, ok=True, result={"session": "s1", "turn": 1, **result}))
@@ -103,14 +107,17 @@ async def client_with(
 
         async def request_supervisor(rid: int, op: str, args: dict[str, Any],
                                      on_event: Any) -> Any:
+            await anyio.lowlevel.checkpoint()
             assert op == "route"
             return {"session": "s1", "agent": "echo", "worker_socket": "/w.sock",
                     "worker_pid": 4242, "grant": "g", "expires": time.time() + 3600}
 
         async def attached(session: str, route: dict[str, Any]) -> _client._Connection:
+            await anyio.lowlevel.checkpoint()
             conn = client._direct.get(session)
             if conn is None or conn.closed:
                 conn = _client._Connection(MessageStream(ours), None, route=route)
+                conn.silence = CountingSilence()
                 client._direct[session] = conn
                 tasks.start_soon(conn.run_reader)
             return conn
@@ -121,6 +128,21 @@ async def client_with(
             yield client, peer
         finally:
             tasks.cancel_scope.cancel()
+
+
+class CountingSilence(Silence):
+    """The reader's silence, and an event once it has read ``full_at`` messages."""
+
+    full_at = _client._EVENTS_BUFFERED + 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = anyio.Event()
+
+    def arrived(self) -> None:
+        super().arrived()
+        if self.received == self.full_at:
+            self.full.set()
 
 
 BINARY = [b"\xff\xfe not utf-8\n", b"\x00" * 3 + b"\n", bytes(range(256)) * 1024]  # 256 KiB
@@ -176,15 +198,16 @@ async def test_a_caller_that_does_not_keep_up_stops_the_reader_not_the_buffer(
             result.append(await client.request("prompt", {"session": "s1", "text": "x"},
                                                on_event=slow_sink))
 
+        bound = _client._EVENTS_BUFFERED + 2  # the request's buffer, the caller, the reader
+        peer.enough = 4 * bound
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(prompt)
-            bound = _client._EVENTS_BUFFERED + 2  # the request's buffer, the caller, the reader
             # the worker gets well ahead (the socket's buffers take its frames)...
-            await wait_until(lambda: peer.sent_chunks >= 4 * bound, timeout=SETTLE,
-                             what="the worker to send more than the client buffers")
-            conn = client._direct["s1"]
-            await wait_until(lambda: conn.silence.received == bound, timeout=SETTLE,
-                             what="the client's reader to fill its bounded buffer")
+            with anyio.fail_after(SETTLE):
+                await peer.sent_enough.wait()
+                conn = client._direct["s1"]
+                assert isinstance(conn.silence, CountingSilence)
+                await conn.silence.full.wait()
             # ...but the client read only what its bounded buffer holds: the reader waits for
             # the caller, the worker's sends block once the socket is full
             assert len(got) == 1
@@ -237,6 +260,7 @@ async def test_a_supervisor_that_answers_nothing_fails_the_request_after_patienc
     stalled: list[Request] = []
 
     async def never_answers(peer: FakePeer, req: Request) -> None:
+        await anyio.lowlevel.checkpoint()
         stalled.append(req)
 
     peer = FakePeer(theirs, never_answers)
@@ -254,7 +278,8 @@ async def test_a_supervisor_that_answers_nothing_fails_the_request_after_patienc
         assert info.value.code == ErrorCode.DAEMON_UNAVAILABLE
         assert info.value.details == {"wedged": True}
         assert "doctor --fix" in info.value.message
-        assert [r.op for r in stalled] == ["status"] and peer.pings >= 1
+        assert [r.op for r in stalled] == ["status"]
+        assert peer.pings >= 1
         tasks.cancel_scope.cancel()
     await theirs.aclose()
 

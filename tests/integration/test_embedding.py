@@ -106,7 +106,7 @@ async def test_the_async_api_on_each_backend(denv: DaemonEnv, anyio_backend: str
             with pytest.raises(AgentdError) as info:
                 await client.request("no_such_op")
             assert info.value.code == "unknown_op"
-            assert client.reroutes == 0 and client.reconnects == 0
+            assert (client.reroutes, client.reconnects) == (0, 0)
 
 
 @pytest.mark.anyio
@@ -118,11 +118,15 @@ async def test_cancel_on_each_backend_fails_the_prompt_with_command_cancelled(
         async with _open(denv) as client:
             seen: list[str] = []
             cancelled: list[bool] = []
-            with pytest.raises(AgentdError) as info:
+
+            async def read_and_cancel() -> None:
                 async for chunk in client.stream_prompt("t", "echo started; sleep 1000",
                                                         agent="shell"):
                     seen.append(chunk)
                     cancelled.append(await client.cancel("t"))  # once the turn ended
+
+            with pytest.raises(AgentdError) as info:
+                await read_and_cancel()
             assert info.value.code == "command_cancelled"
             assert (seen, cancelled) == (["started\n"], [True])
             assert await client.cancel("t") is False
@@ -157,10 +161,13 @@ async def test_the_callers_own_error_comes_out_bare(denv: DaemonEnv, anyio_backe
     class Mine(Exception):
         pass
 
-    with anyio.fail_after(60), pytest.raises(Mine):  # not an ExceptionGroup
+    async def body() -> None:
         async with _open(denv) as client:
             await client.prompt("m", "x")
             raise Mine
+
+    with anyio.fail_after(60), pytest.raises(Mine):  # not an ExceptionGroup
+        await body()
 
 
 @pytest.mark.anyio
@@ -174,6 +181,7 @@ async def test_a_killed_supervisor_is_replaced_and_the_request_resent(
             first = client.hello.pid
             os.kill(first, signal.SIGKILL)  # the supervisor this test autostarted
             rows = await client.sessions()  # reconnects, autostarting a new supervisor
-            assert client.reconnects == 1 and client.hello.pid != first
+            assert client.reconnects == 1
+            assert client.hello.pid != first
             assert [r["session"] for r in rows] == ["k"]  # the worker was adopted
             assert await client.prompt("k", "two") == "[echo turn 2] two\n"

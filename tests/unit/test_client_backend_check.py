@@ -34,7 +34,8 @@ def test_outside_any_event_loop_open_client_says_so_in_one_line() -> None:
     assert info.value.code == "config"
     assert "\n" not in info.value.message
     assert "needs a running event loop" in info.value.message
-    assert "asyncio.run()" in info.value.message and "trio.run()" in info.value.message
+    assert "asyncio.run()" in info.value.message
+    assert "trio.run()" in info.value.message
 
 
 def test_on_an_event_loop_it_does_not_run_on_open_client_names_it() -> None:
