@@ -477,7 +477,9 @@ class Client:
 
         Backpressure: a consumer that stops iterating stops this client reading, and so the
         worker sending, and so the agent (its pipe fills): nothing is dropped or buffered
-        without bound.
+        without bound. A consumer that closes the iterator (``aclose``, ``contextlib.aclosing``)
+        lets go of the prompt: the rest of its output is read and dropped, so other prompts to
+        the session are not held up behind it (the turn goes on in its worker).
 
         Raises:
             AgentdError: the prompt failed (its wire code) or no supervisor could be reached.

@@ -329,3 +329,32 @@ async def test_an_error_response_is_an_agentd_error_with_its_code(anyio_backend:
             async for _ in client.stream_prompt("s1", "x"):
                 pass  # pragma: no cover
         assert info.value.code == "command_cancelled"
+
+
+async def test_a_stream_left_early_frees_the_connection_for_the_next_prompt(
+    anyio_backend: str,
+) -> None:
+    """A caller that stops reading a stream for good (closes its iterator) lets go of the
+    prompt: the connection it shares with the session's other prompts is not held up by the
+    output nobody reads."""
+    assert_on(anyio_backend)
+
+    async def turn(peer: FakePeer, req: Request) -> None:
+        if req.args["text"] == "flood":
+            await chatty_turn(peer, req)
+        else:
+            await peer.reply(int(req.id or 0), reply="next\n")
+
+    async with client_with(turn, dataclasses.replace(TIMING, link_ping_interval=QUIET)) as (
+        client, peer
+    ):
+        peer.enough = 4 * (_client._EVENTS_BUFFERED + 2)
+        stream = client.stream_prompt_bytes("s1", "flood")
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async for piece in stream:
+                assert piece == CHUNK
+                with anyio.fail_after(SETTLE):
+                    await peer.sent_enough.wait()  # more on the way than the client buffers
+                break
+        with anyio.fail_after(SETTLE):
+            assert await client.prompt("s1", "next") == "next\n"
