@@ -2,9 +2,33 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 # Tests send SIGINT (Ctrl-C) to the processes they start. A test run started in the background
 # by a non-interactive shell (`.ci/run &`) inherits SIGINT ignored, and every process it starts
 # would inherit that too, so a CLI under test could not be interrupted: give the run, and so
 # its children, the default disposition.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# --- two async plugins -----------------------------------------------------------------------
+# pytest-trio runs in trio mode (every async test is a Trio test). The async client runs on
+# asyncio and Trio alike, so its tests are anyio's: a test marked ``@pytest.mark.anyio`` runs
+# once per backend of ``anyio_backend`` below, and pytest-trio's mark is taken off it (its
+# async fixtures are anyio's too: anyio's plugin runs them, pytest-trio leaves them alone).
+
+ANYIO_BACKENDS = ("asyncio", "trio")
+
+
+@pytest.fixture(params=ANYIO_BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-trio's trio-mode marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("anyio") is not None:
+            item.own_markers[:] = [m for m in item.own_markers if m.name != "trio"]
+

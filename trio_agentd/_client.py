@@ -1,4 +1,7 @@
-"""The async client for Trio programs: ``open_client`` (autostarting a supervisor if needed).
+"""The async client: ``open_client`` (autostarting a supervisor if needed), on asyncio or Trio.
+
+It runs on anyio: the same code serves a program under ``asyncio.run``, ``trio.run`` or
+``anyio.run`` (either backend). The supervisor and workers are Trio programs of their own.
 
 A :class:`Client` survives its supervisor: when the connection is lost (the supervisor was
 killed, restarted or replaced) a request reconnects — autostarting a supervisor if needed —
@@ -15,17 +18,17 @@ import functools
 import inspect
 import itertools
 import os
-import socket as _socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-import trio
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
 
+from ._aio import MessageStream, Silence, backend, connect_unix, raw_socket, watch
 from ._autostart import is_older, is_ours
 from ._errors import AgentdError, ErrorCode, single_errors
-from ._liveness import Silence, watch
 from ._paths import Layout, check_socket_path
 from ._protocol import (
     PROTOCOL_VERSION,
@@ -39,7 +42,6 @@ from ._protocol import (
     WorkerHello,
     error_of,
 )
-from ._stream import MessageStream
 from ._syncclient import CREATING_OPS, Output, _lease_holder, creator_args, version_mismatch
 from ._trust import isolated_python, prove_peer, prove_socket_dir
 from .timing import DEFAULT_TIMING, Timing
@@ -69,6 +71,15 @@ class TurnResult:
     reports none (a Python agent that did not yield an ``ExitStatus``)."""
 
 
+class _TaskStarter(Protocol):
+    """Where the client starts its background tasks: an anyio task group (or a Trio nursery,
+    on Trio)."""
+
+    def start_soon(
+        self, func: Callable[..., Coroutine[Any, Any, Any]], /, *args: Any, name: object = None
+    ) -> object: ...
+
+
 class _Lost(Exception):
     """The connection ended before the response."""
 
@@ -82,12 +93,12 @@ class _Connection:
         self.ms = ms
         self.hello = hello  # None on a direct route to a worker
         self.route = route  # on a direct route: the route it was attached by
-        self.pending: dict[int, trio.MemorySendChannel[Response | Event]] = {}
+        self.pending: dict[int, MemoryObjectSendStream[Response | Event]] = {}
         self.closed = False
         self.error: AgentdError | None = None  # why the reader stopped, if the peer broke it
         self.silence = Silence()
         self.watchers = 0  # prompts outstanding that watch the peer's liveness
-        self._watch_scope: trio.CancelScope | None = None
+        self._watch_scope: anyio.CancelScope | None = None
 
     async def run_reader(self) -> None:
         """Route responses and events by request id. A request whose consumer does not keep up
@@ -103,9 +114,10 @@ class _Connection:
                 if isinstance(msg, Response | Event) and isinstance(msg.id, int):
                     chan = self.pending.get(msg.id)
                     if chan is not None:
-                        with contextlib.suppress(trio.BrokenResourceError):
-                            await chan.send(msg)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        with contextlib.suppress(anyio.BrokenResourceError,
+                                                 anyio.ClosedResourceError):
+                            await chan.send(msg)  # (closed: the request is gone)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         except AgentdError as exc:  # a malformed or oversized frame: fail the calls with it
             self.error = AgentdError(
@@ -119,7 +131,7 @@ class _Connection:
 
     @contextlib.contextmanager
     def watched(
-        self, nursery: trio.Nursery, ping: Request, timing: Timing, unresponsive: AgentdError,
+        self, nursery: _TaskStarter, ping: Request, timing: Timing, unresponsive: AgentdError,
         ping_timeout: float | None = None,
     ) -> Iterator[None]:
         """While the body runs (a request is outstanding), ping the peer after
@@ -128,7 +140,7 @@ class _Connection:
         pending request raises it)."""
         self.watchers += 1
         if self.watchers == 1:
-            self._watch_scope = trio.CancelScope()
+            self._watch_scope = anyio.CancelScope()
             nursery.start_soon(self._watch, self._watch_scope, ping, timing, unresponsive,
                                timing.link_ping_timeout if ping_timeout is None else ping_timeout)
         try:
@@ -140,14 +152,14 @@ class _Connection:
                 self._watch_scope = None
 
     async def _watch(
-        self, scope: trio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError,
+        self, scope: anyio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError,
         ping_timeout: float,
     ) -> None:
         with scope:
             try:
                 await watch(self.silence, functools.partial(self.ms.send, ping),
                             interval=timing.link_ping_interval, ping_timeout=ping_timeout)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return  # the connection ended anyway
             if not self.closed:
                 self.error = unresponsive
@@ -163,7 +175,7 @@ class Client:
     """
 
     def __init__(
-        self, nursery: trio.Nursery, layout: Layout, timing: Timing, *, autostart: bool
+        self, nursery: _TaskStarter, layout: Layout, timing: Timing, *, autostart: bool
     ) -> None:
         self._nursery = nursery
         self.layout = layout
@@ -172,12 +184,12 @@ class Client:
         self.client_id = os.urandom(8).hex()
         self._ids = itertools.count(1)
         self._conn: _Connection | None = None
-        self._connect_lock = trio.Lock()
+        self._connect_lock = anyio.Lock()
         self.reconnects = 0
         # the data plane: per session, the supervisor's route and a direct worker connection
         self._routes: dict[str, dict[str, Any]] = {}
         self._direct: dict[str, _Connection] = {}
-        self._attach_lock = trio.Lock()
+        self._attach_lock = anyio.Lock()
         self.reroutes = 0
 
     @property
@@ -234,12 +246,14 @@ class Client:
         args: dict[str, Any],
         on_event: Callable[[dict[str, Any]], Any] | None,
     ) -> Any:
-        send, recv = trio.open_memory_channel[Response | Event](_EVENTS_BUFFERED)
+        send, recv = anyio.create_memory_object_stream[Response | Event](_EVENTS_BUFFERED)
         conn.pending[rid] = send
         try:
+            if conn.closed:  # the reader ended before this request was pending
+                send.close()
             try:
                 await conn.ms.send(Request(id=rid, op=op, client_id=self.client_id, args=args))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 raise _Lost("send failed") from None
             async for msg in recv:
                 if isinstance(msg, Event):
@@ -257,6 +271,7 @@ class Client:
         finally:
             conn.pending.pop(rid, None)
             recv.close()  # a reader blocked on this request's channel goes on
+            send.close()
 
     async def request(
         self,
@@ -290,7 +305,7 @@ class Client:
         on_event: Callable[[dict[str, Any]], Any] | None,
     ) -> Any:
         budget = 0.0 if op in _NO_RESEND else RETRY_FOR
-        deadline = trio.current_time() + budget
+        deadline = anyio.current_time() + budget
         delay = 0.025
         while True:
             try:
@@ -305,13 +320,13 @@ class Client:
                 ):
                     raise
                 error = exc
-            if trio.current_time() + delay > deadline:
+            if anyio.current_time() + delay > deadline:
                 raise AgentdError(
                     ErrorCode.DAEMON_UNAVAILABLE,
                     f"lost the supervisor on {self.layout.socket} ({error}) and could not reach"
                     f" one again within {budget:g}s",
                 ) from None
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
     # the data plane ------------------------------------------------------------------------
@@ -337,7 +352,7 @@ class Client:
         # output bytes come raw after each chunk's frame, not base64 in it
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False,
                        "raw": True}
-        deadline = trio.current_time() + RETRY_FOR
+        deadline = anyio.current_time() + RETRY_FOR
         delay = 0.025
         fresh = False
         while True:
@@ -358,13 +373,13 @@ class Client:
                 error = exc
             self._forget_route(session)
             self.reroutes += 1
-            if trio.current_time() + delay > deadline:
+            if anyio.current_time() + delay > deadline:
                 raise AgentdError(
                     ErrorCode.WORKER_UNAVAILABLE,
                     f"session {session}: its worker could not be reached again within"
                     f" {RETRY_FOR:g}s ({error})",
                 ) from None
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
             delay = min(delay * 2, 1.0)
             fresh = True
 
@@ -462,7 +477,9 @@ class Client:
 
         Backpressure: a consumer that stops iterating stops this client reading, and so the
         worker sending, and so the agent (its pipe fills): nothing is dropped or buffered
-        without bound.
+        without bound. A consumer that closes the iterator (``aclose``, ``contextlib.aclosing``)
+        lets go of the prompt: the rest of its output is read and dropped, so other prompts to
+        the session are not held up behind it (the turn goes on in its worker).
 
         Raises:
             AgentdError: the prompt failed (its wire code) or no supervisor could be reached.
@@ -470,7 +487,7 @@ class Client:
         Cancellation: stops reading; the prompt still completes in its worker (it runs in
         the client's own nursery, not in this generator).
         """
-        send, recv = trio.open_memory_channel[bytes](_EVENTS_BUFFERED)
+        send, recv = anyio.create_memory_object_stream[bytes](_EVENTS_BUFFERED)
         failure: list[AgentdError] = []
 
         async def run() -> None:
@@ -493,12 +510,15 @@ class Client:
                         await send.send(data)
                 except AgentdError as exc:
                     failure.append(exc)
-                except trio.BrokenResourceError:
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass  # the consumer went away
 
         self._nursery.start_soon(run)
-        async for piece in recv:
-            yield piece
+        try:
+            async for piece in recv:
+                yield piece
+        finally:
+            recv.close()  # a consumer that stopped early: the prompt's task goes on
         if failure:
             raise failure[0]
 
@@ -551,22 +571,21 @@ async def _attach(route: dict[str, Any], timing: Timing) -> _Connection:
         if exc.code != ErrorCode.DAEMON_UNAVAILABLE:
             raise
         raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, exc.message) from None
-    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        with trio.fail_after(timing.connect_timeout):
-            await sock.connect(path)
-        prove_peer(sock, path)
-    except (OSError, trio.TooSlowError) as exc:
-        sock.close()
+        with anyio.fail_after(timing.connect_timeout):
+            stream = await connect_unix(path)
+    except OSError as exc:  # (a TimeoutError too)
         raise AgentdError(
-            ErrorCode.WORKER_UNAVAILABLE, f"cannot reach the worker at {path}: {exc}"
+            ErrorCode.WORKER_UNAVAILABLE, f"cannot reach the worker at {path}: {exc or 'timeout'}"
         ) from None
-    except BaseException:
-        sock.close()
-        raise
-    ms = MessageStream(trio.SocketStream(sock))
+    ms = MessageStream(stream)
     try:
-        with trio.fail_after(timing.hello_timeout):
+        prove_peer(raw_socket(stream), path)
+    except BaseException:
+        await ms.aclose()
+        raise
+    try:
+        with anyio.fail_after(timing.hello_timeout):
             hello = await ms.receive()
             if not isinstance(hello, WorkerHello) or hello.pid != route.get("worker_pid"):
                 raise AgentdError(ErrorCode.WORKER_UNAVAILABLE,
@@ -579,7 +598,7 @@ async def _attach(route: dict[str, Any], timing: Timing) -> _Connection:
             raise AgentdError(
                 ErrorCode.WORKER_UNAVAILABLE, f"the worker at {path} did not admit us"
             )
-    except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):  # (TimeoutError)
         await ms.aclose()
         raise AgentdError(
             ErrorCode.WORKER_UNAVAILABLE, f"the worker at {path} did not answer"
@@ -597,50 +616,43 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
         if exc.code == ErrorCode.DAEMON_UNAVAILABLE:
             return None  # no socket dir: nobody listens
         raise
-    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        with trio.fail_after(timing.connect_timeout):
-            await sock.connect(layout.socket)
+        with anyio.fail_after(timing.connect_timeout):
+            stream = await connect_unix(layout.socket)
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-        sock.close()
         return None
-    except trio.TooSlowError:
-        sock.close()
+    except TimeoutError:
         raise AgentdError(
             ErrorCode.DAEMON_UNAVAILABLE,
             f'the supervisor on {layout.socket} does not accept connections — run "trio-agentd'
             ' doctor --fix"',
             {"wedged": True},
         ) from None
-    try:
-        prove_peer(sock, layout.socket)
-    except BaseException:
-        sock.close()
-        raise
-    ms = MessageStream(trio.SocketStream(sock))
+    ms = MessageStream(stream)
     waited, wait = 0.0, timing.hello_timeout
     try:
+        prove_peer(raw_socket(stream), layout.socket)
         while True:
-            with trio.move_on_after(wait) as scope:
+            with anyio.move_on_after(wait) as scope:
                 msg = await ms.receive()
             if not scope.cancelled_caught:
                 break
             # a live supervisor that is only slow gets patience; a dead one does not
             waited += wait
             if waited >= timing.patience or _lease_holder(layout) is None:
-                raise trio.TooSlowError
+                raise AgentdError(
+                    ErrorCode.DAEMON_UNAVAILABLE,
+                    f"the supervisor on {layout.socket} sent no hello within {waited:g}s"
+                    ' — run "trio-agentd doctor --fix"',
+                    {"wedged": True},
+                )
             wait = min(timing.patience_tick, timing.patience - waited)
-    except trio.TooSlowError:
-        await ms.aclose()
-        raise AgentdError(
-            ErrorCode.DAEMON_UNAVAILABLE,
-            f"the supervisor on {layout.socket} sent no hello within {waited:g}s"
-            ' — run "trio-agentd doctor --fix"',
-            {"wedged": True},
-        ) from None
-    except (trio.BrokenResourceError, OSError):
+    except (anyio.BrokenResourceError, OSError):
         await ms.aclose()
         return None
+    except BaseException:
+        await ms.aclose()
+        raise
     if not isinstance(msg, Hello):
         await ms.aclose()
         if isinstance(msg, Response) and not msg.ok:
@@ -666,11 +678,8 @@ async def _autostart(layout: Layout, timing: Timing, *, handover: bool = False) 
 
         argv += ["--handover", "--handover-wait", repr(timing.handover_wait)]
         bound += timing.handover_wait + HANDOVER_EXIT_GRACE
-    with trio.move_on_after(bound) as scope:
-        done = await trio.run_process(
-            argv, check=False, capture_stdout=True, capture_stderr=True,
-            stdin=subprocess.DEVNULL, cwd="/",
-        )
+    with anyio.move_on_after(bound) as scope:
+        done = await anyio.run_process(argv, check=False, stdin=subprocess.DEVNULL, cwd="/")
     if scope.cancelled_caught:
         from ._autostart import startup_timeout
 
@@ -733,20 +742,25 @@ async def open_client(
         AgentdError: ``daemon_unavailable`` (with the exit code and log tail if an autostarted
             supervisor died), ``version_mismatch``.
 
+    Runs on asyncio and on Trio (``asyncio.run``, ``trio.run``, ``anyio.run`` with either
+    backend); anywhere else, or outside an event loop, it raises ``AgentdError`` (``config``)
+    at once, saying so.
+
     Cancellation: the connection is closed; a supervisor autostarted for us keeps running.
     """
+    backend()
     layout = Layout.resolve(socket=socket, home=home, registry=registry, home_flag="home=")
     check_socket_path(layout.socket)
     first = await _connect(layout, timing, autostart=autostart)
     with single_errors():
-        async with trio.open_nursery() as nursery:
-            client = Client(nursery, layout, timing, autostart=autostart)
+        async with anyio.create_task_group() as tasks:
+            client = Client(tasks, layout, timing, autostart=autostart)
             client._conn = first
-            nursery.start_soon(first.run_reader)
+            tasks.start_soon(first.run_reader)
             try:
                 yield client
             finally:
-                nursery.cancel_scope.cancel()
+                tasks.cancel_scope.cancel()
                 if client._conn is not None:
-                    with trio.move_on_after(1, shield=True):
+                    with anyio.move_on_after(1, shield=True):
                         await client._conn.ms.aclose()

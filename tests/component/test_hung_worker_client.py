@@ -22,17 +22,19 @@ import trio
 import trio.testing
 
 from trio_agentd import _client, _syncclient
+from trio_agentd._aio import MessageStream as ClientStream
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._grant import make_grant
 from trio_agentd._paths import Layout
 from trio_agentd._protocol import Attach, AuthOk, WorkerHello
-from trio_agentd._stream import MessageStream
 from trio_agentd._worker import WorkerCore
 from trio_agentd._workerlink import link_over_stream
 from trio_agentd.agents import TurnContext
 from trio_agentd.testing import Behaviour, FakeProcess, MemoryRegistry, make_worker_core
 from trio_agentd.testing._fakeops import _ProcessStream
 from trio_agentd.timing import DEFAULT_TIMING
+
+from ..anyio_support import TrioByteStream
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -79,7 +81,7 @@ class Worker:
         """A client's direct route (the worker's end freezes with ``process``)."""
         ours, theirs = trio.testing.memory_stream_pair()
         self.nursery.start_soon(self.core.serve_connection, _ProcessStream(theirs, self.process))
-        ms = MessageStream(ours)
+        ms = ClientStream(TrioByteStream(ours))
         assert isinstance(await ms.receive(), WorkerHello)
         await ms.send(Attach(grant=make_grant(TOKEN, "s1", "g1", time.time() + 3600)))
         assert isinstance(await ms.receive(), AuthOk)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 import trio
@@ -27,6 +28,7 @@ from hypothesis import strategies as st
 from trio_util import AsyncValue
 
 from trio_agentd import _client, _syncclient
+from trio_agentd._aio import MessageStream as ClientStream
 from trio_agentd._depth import MAX_DEPTH, nesting_depth
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._protocol import (
@@ -60,6 +62,7 @@ from trio_agentd._text import CONTROL_CODEPOINTS, printable
 from trio_agentd._workerlink import link_over_stream
 from trio_agentd.agents._base import validate_agent_spec
 
+from ..anyio_support import assert_on, socket_stream_pair
 from ..hostile_frames import HOSTILE_FRAMES, VALID_LOOKALIKES
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -529,23 +532,35 @@ async def _hostile_peer(frame: bytes) -> tuple[MessageStream, MessageStream]:
     return MessageStream(ours), peer
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("name", sorted(HOSTILE_FRAMES))
-async def test_async_client_fails_its_calls_with_the_peers_bad_frame(name: str) -> None:
+async def test_async_client_fails_its_calls_with_the_peers_bad_frame(
+    name: str, anyio_backend: str
+) -> None:
+    assert_on(anyio_backend)
     frame = HOSTILE_FRAMES[name]
-    ms, _peer = await _hostile_peer(frame)
+    ours, theirs = await socket_stream_pair()
     hello = Hello(protocol=1, app_version="x", generation="g", pid=1, start_id=None, socket="/s")
-    conn = _client._Connection(ms, hello)
-    send, recv = trio.open_memory_channel[Response | Event](1)
+    conn = _client._Connection(ClientStream(ours), hello)
+    send, recv = anyio.create_memory_object_stream[Response | Event](1)
     conn.pending[1] = send
-    await conn.run_reader()  # returns: never raises out of the reader task
-    assert conn.closed
-    try:
-        decode(frame)
-    except AgentdError:
-        assert conn.error is not None
-        assert "bad frame" in conn.error.message
-    async for _ in recv:
-        pass  # the pending call's channel was closed
+
+    async def hostile_peer() -> None:
+        async with theirs:
+            await theirs.send(frame + b"\n")
+
+    with recv:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(hostile_peer)
+            await conn.run_reader()  # returns: never raises out of the reader task
+        assert conn.closed
+        try:
+            decode(frame)
+        except AgentdError:
+            assert conn.error is not None
+            assert "bad frame" in conn.error.message
+        async for _ in recv:
+            pass  # the pending call's channel was closed
 
 
 @pytest.mark.parametrize("name", ["deep_arrays_in_args", "unknown_field", "id_escape", "garbage"])
@@ -648,22 +663,27 @@ def test_ps_table_escapes_every_cell(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "\\x1b]0;pwned\\x07" in text
 
 
-async def test_async_client_request_fails_with_the_bad_frame_not_a_retry() -> None:
+@pytest.mark.anyio
+async def test_async_client_request_fails_with_the_bad_frame_not_a_retry(
+    anyio_backend: str,
+) -> None:
     from trio_agentd.timing import DEFAULT_TIMING
 
-    ours, theirs = trio.testing.memory_stream_pair()
+    assert_on(anyio_backend)
+    ours, theirs = await socket_stream_pair()
     hello = Hello(protocol=1, app_version="x", generation="g", pid=1, start_id=None, socket="/s")
-    conn = _client._Connection(MessageStream(ours), hello)
-    peer = MessageStream(theirs)
+    conn = _client._Connection(ClientStream(ours), hello)
+    peer = ClientStream(theirs)
 
     async def answer_with_a_deep_frame() -> None:
-        await peer.receive_line()
-        await peer.send_raw(HOSTILE_FRAMES["deep_arrays_in_args"] + b"\n")
+        async with theirs:
+            await peer.receive_line()
+            await theirs.send(HOSTILE_FRAMES["deep_arrays_in_args"] + b"\n")
 
-    async with trio.open_nursery() as nursery:
-        client = _client.Client(nursery, _layout(), DEFAULT_TIMING, autostart=False)
+    async with anyio.create_task_group() as tasks:
+        client = _client.Client(tasks, _layout(), DEFAULT_TIMING, autostart=False)
         client._conn = conn
-        nursery.start_soon(conn.run_reader)
-        nursery.start_soon(answer_with_a_deep_frame)
+        tasks.start_soon(conn.run_reader)
+        tasks.start_soon(answer_with_a_deep_frame)
         with pytest.raises(AgentdError, match="bad frame: invalid message: nested deeper"):
             await client._exchange_once(1, "ping", {}, None)
