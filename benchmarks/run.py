@@ -140,7 +140,7 @@ class Figure:
 
 FIGURES = [
     Figure("cli_warm", "CLI warm prompt", _cli_warm, 180),
-    Figure("roundtrip", "Prompt round trip and throughput", _roundtrip, 300),
+    Figure("roundtrip", "Prompt round trip and throughput", _roundtrip, 600),
     Figure("streaming", "Streaming: one session, 16 sessions, memory", _streaming, 900),
     Figure("startup", "Cold start and concurrent launches", _startup, 300),
     Figure("recovery", "Recovery after kill -9", _recovery, 600),
