@@ -1500,15 +1500,17 @@ class RegistryWatcher(Protocol):
 
 def watched_refence(
     watcher: RegistryWatcher, registry: Path, timing: Timing,
-    conns: Callable[[], Iterable[_Conn]],
+    conns: Callable[[], Iterable[_Conn]], on_wake: Callable[[], None] = lambda: None,
 ) -> tuple[Callable[[str], None], Callable[[], Awaitable[None]]]:
     """``(watch_claims, wait_change)`` for a :class:`WorkerCore` that re-fences when the
     registry changes: an authenticated supervisor's record dir is watched, and the re-fence
-    loop waits for a change, or ``refence_fallback`` at most (a change not reported)."""
+    loop waits for a change, or ``refence_fallback`` at most (a change not reported).
+    ``on_wake`` runs each time the loop wakes, once the watches are in place again."""
 
     def watch_claims(generation: str) -> None:
         watcher.watch(registry)
         watcher.watch(registry / f"{generation}.owner")
+        on_wake()
 
     async def wait_change() -> None:
         with trio.move_on_after(timing.refence_fallback):
@@ -1516,8 +1518,50 @@ def watched_refence(
         # a record dir that was removed and made again needs its watch again
         for conn in conns():
             watcher.watch(registry / f"{conn.fence.claim.generation}.owner")
+        on_wake()
 
     return watch_claims, wait_change
+
+
+class CachedRecords:
+    """The fence's owner-record reads, from memory while inotify reports no change.
+
+    A command's fence check reads its supervisor's record (an open, a stat, a read): most of
+    what a worker spends on a prompt beyond the journal's flush. With the registry watched the
+    kernel says whether anything changed, for one ``poll`` with no timeout: while no event is
+    pending and the re-fence loop has not woken since (it drains the events, watches a record
+    dir made again, and wakes on the slow fallback poll anyway), the bytes read last are the
+    bytes on disk. A pending event means a read from disk, uncached, until the loop has dealt
+    with it. Only a few generations are remembered (a supervisor and its successor).
+    """
+
+    _KEEP = 4
+
+    def __init__(self, read: Callable[[str], bytes | None], fd: int) -> None:
+        import select
+
+        self._read = read
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        self._cache: dict[str, bytes | None] = {}
+        self.reads = 0  # reads that went to the file
+
+    def invalidate(self) -> None:
+        self._cache.clear()
+
+    def __call__(self, generation: str) -> bytes | None:
+        if self._poll.poll(0):
+            self._cache.clear()  # something changed: read, and trust nothing until the loop ran
+            self.reads += 1
+            return self._read(generation)
+        if generation in self._cache:
+            return self._cache[generation]
+        self.reads += 1
+        raw = self._read(generation)
+        if len(self._cache) >= self._KEEP:
+            self._cache.clear()
+        self._cache[generation] = raw
+        return raw
 
 
 def _registry_watcher(registry: Path, *, poll: bool) -> Any:
@@ -1603,8 +1647,14 @@ async def run_worker(
     registry = Path(config.registry)
     agent = load_agent(config.agent, config.agent_path)
     watcher = _registry_watcher(registry, poll=poll_refence)
+
+    def read_record(generation: str) -> bytes | None:
+        return read_bytes(registry / f"{generation}.owner" / "owner.json")
+
+    records = CachedRecords(read_record, watcher.fd) if watcher is not None else None
     watch_claims, wait_change = (
-        watched_refence(watcher, registry, timing, lambda: core.conns)
+        watched_refence(watcher, registry, timing, lambda: core.conns,
+                        on_wake=records.invalidate if records is not None else lambda: None)
         if watcher is not None else (None, None)
     )
     journal = Journal(Path(config.journal))
@@ -1614,7 +1664,7 @@ async def run_worker(
         agent=agent,
         token=config.token,
         supervisor_socket=config.supervisor_socket,
-        read_record=lambda g: read_bytes(registry / f"{g}.owner" / "owner.json"),
+        read_record=records if records is not None else read_record,
         journal=journal,
         transcript=transcript,
         cwd=Path(config.cwd),
