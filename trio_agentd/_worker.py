@@ -192,7 +192,7 @@ class Journal:
         return self.written
 
     def _apply(self, line: bytes) -> None:
-        rec = json.loads(line)
+        rec = _journal.record_of(line)
         self.state.apply(rec)
         if rec.get("kind") not in ("started", "dropped", "group", "group_stopped"):
             # markers ride along: compaction counts commands
@@ -312,7 +312,7 @@ class Journal:
         state = self.state
         kept: list[bytes] = []
         for _seq, _end, line in self._unflushed:
-            rec = json.loads(line)
+            rec = _journal.record_of(line)
             k = _journal.key_of(str(rec.get("client_id", "")), rec.get("id", ""))
             ran = k in state.started or k in state.completed or k in state.interrupted
             if rec.get("kind") == "accepted" and not ran:
@@ -1459,7 +1459,7 @@ class WorkerCore:
         kinds: dict[str, str] = {ErrorCode.COMMAND_CANCELLED: "cancelled",
                                  ErrorCode.SESSION_KILLED: "killed"}
         kind = kinds.get(error.code, "failed")
-        rec = json.loads(record)
+        rec = _journal.record_of(record)
         k = _journal.key_of(str(rec.get("client_id", "")), rec.get("id", ""))
         text = None
         if self.journal is not None:
