@@ -25,6 +25,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import os
 import signal
 import socket as _socket
@@ -388,10 +389,12 @@ class _Conn:
     """A supervisor connection (``fence``: its claim), or a client's direct route (``direct``:
     admitted by a grant of the supervisor generation ``fence`` was for)."""
 
-    def __init__(self, ms: MessageStream, fence: Fence, *, direct: bool = False) -> None:
+    def __init__(self, ms: MessageStream, fence: Fence, *, direct: bool = False,
+                 notice_interval: float = 0.0) -> None:
         self.ms = ms
         self.fence = fence
         self.direct = direct
+        self.notice_interval = notice_interval
         self.scope = trio.CancelScope()
         self.dropped = False
         # the newest turn notice not yet sent (notices coalesce: only the latest matters)
@@ -401,14 +404,41 @@ class _Conn:
 
     async def send_notices(self) -> None:
         """Send turn notices one at a time, never cancelled half-way through a frame (that
-        would corrupt the stream): runs for the connection's life."""
+        would corrupt the stream): runs for the connection's life.
+
+        Notices coalesce into the latest (only it matters) and are paced: two may go at once
+        (a lone turn's ``turn_started`` and ``turn_done`` are never held), then one per
+        ``notice_interval`` (a token bucket of two), so back-to-back prompts cost the
+        supervisor a notice per interval instead of two per prompt, and its view of a busy
+        session lags by at most that.
+        """
+        tokens, last = float(_NOTICE_BURST), -math.inf
         while True:
             await self.notice_ready.wait()
             self.notice_ready = trio.Event()
-            notice, self.notice = self.notice, None
-            if notice is not None and not self.dropped:
+            notice = self.notice
+            if notice is None:
+                continue
+            now = trio.current_time()
+            if self.notice_interval > 0:
+                tokens = min(float(_NOTICE_BURST), tokens + (now - last) / self.notice_interval)
+            else:
+                tokens = float(_NOTICE_BURST)
+            last = now
+            if tokens < 1:
+                with trio.move_on_at(now + (1 - tokens) * self.notice_interval):
+                    await self.notice_ready.wait()
+                if self.notice is not notice:
+                    continue  # replaced meanwhile (``notice_ready`` is set): pace that one
+                tokens, last = 1.0, trio.current_time()
+            self.notice = None
+            tokens -= 1
+            if not self.dropped:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await self.ms.send(notice)
+
+
+_NOTICE_BURST = 2  # notices that may go at once: a lone turn's start and end
 
 
 class _Running:
@@ -789,7 +819,7 @@ class WorkerCore:
                     )
                 )
                 return
-            conn = _Conn(ms, fence)
+            conn = _Conn(ms, fence, notice_interval=self.timing.notice_interval)
             if self._watch_claims is not None:
                 self._watch_claims(msg.generation)
             # the newest authenticated supervisor wins: revoke every older connection
