@@ -215,6 +215,18 @@ async def _throughput(env: Env, clients: int, sessions: int, seconds: float) -> 
             "seconds": elapsed, "per_second": [float(x) for x in per_second[:int(seconds)]]}
 
 
+def _child(module: str, *args: str) -> list[str]:
+    """``python -P -m benchmarks.MODULE ARGS``: ``benchmarks`` from where this process got it
+    (:func:`_child_env`), never from the cwd (which may hold a source tree of the package)."""
+    return [sys.executable, "-P", "-m", f"benchmarks.{module}", *args]
+
+
+def _child_env(env: Env) -> dict[str, str]:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = env.env.get("PYTHONPATH")
+    return {**env.env, "PYTHONPATH": here if not path else f"{here}{os.pathsep}{path}"}
+
+
 def _processes(env: Env, targets: list[list[str]], seconds: float,
                server_pids: list[int]) -> dict[str, Any]:
     """One :mod:`benchmarks._load` process per entry of ``targets`` (its arguments), all
@@ -223,8 +235,8 @@ def _processes(env: Env, targets: list[list[str]], seconds: float,
     procs: list[subprocess.Popen[str]] = []
     try:
         for start in range(0, len(targets), _BATCH):  # a few at a time: 64 cold starts at once
-            batch = [subprocess.Popen([sys.executable, "-m", "benchmarks._load", *t],  # on 2
-                                      env=env.env, stdin=subprocess.PIPE,  # cores starve all
+            batch = [subprocess.Popen(_child("_load", *t), env=_child_env(env),  # on 2 cores
+                                      stdin=subprocess.PIPE,  # starve them all
                                       stdout=subprocess.PIPE, text=True)
                      for t in targets[start:start + _BATCH]]
             procs += batch
@@ -256,8 +268,8 @@ def _processes(env: Env, targets: list[list[str]], seconds: float,
 
 
 def _start_floor(env: Env, path: str, journal: str | None) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "benchmarks._floor", path, *([journal] if journal else [])]
-    server = subprocess.Popen(argv, env=env.env, stdout=subprocess.PIPE,
+    argv = _child("_floor", path, *([journal] if journal else []))
+    server = subprocess.Popen(argv, env=_child_env(env), stdout=subprocess.PIPE,
                               stdin=subprocess.DEVNULL)
     assert server.stdout is not None
     if server.stdout.readline().strip() != b"ready":
