@@ -416,22 +416,22 @@ class _Conn:
         while True:
             await self.notice_ready.wait()
             self.notice_ready = trio.Event()
-            notice = self.notice
-            if notice is None:
-                continue
-            now = trio.current_time()
+            if self.notice is None:
+                continue  # sent already, by the hold below
             if self.notice_interval > 0:
+                now = trio.current_time()
                 tokens = min(float(_NOTICE_BURST), tokens + (now - last) / self.notice_interval)
+                last = now
+                if tokens < 1:
+                    # notices that come meanwhile replace this one (nothing wakes this task
+                    # for them): the latest goes when the hold ends
+                    await trio.sleep((1 - tokens) * self.notice_interval)
+                    tokens, last = 1.0, trio.current_time()
             else:
                 tokens = float(_NOTICE_BURST)
-            last = now
-            if tokens < 1:
-                with trio.move_on_at(now + (1 - tokens) * self.notice_interval):
-                    await self.notice_ready.wait()
-                if self.notice is not notice:
-                    continue  # replaced meanwhile (``notice_ready`` is set): pace that one
-                tokens, last = 1.0, trio.current_time()
-            self.notice = None
+            notice, self.notice = self.notice, None
+            if notice is None:
+                continue
             tokens -= 1
             if not self.dropped:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
@@ -881,7 +881,8 @@ class WorkerCore:
     async def _read_commands(self, conn: _Conn, handlers: trio.Nursery) -> None:
         while True:
             # a peer that pipelines without reading its answers stops being read from
-            await conn.in_flight.wait_value(lambda n: n < MAX_IN_FLIGHT)
+            if conn.in_flight.value >= MAX_IN_FLIGHT:  # (no yield when there is room)
+                await conn.in_flight.wait_value(lambda n: n < MAX_IN_FLIGHT)
             try:
                 line = await conn.ms.receive_line()
             except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
@@ -1021,7 +1022,8 @@ class WorkerCore:
     async def _prompt(self, conn: _Conn, req: Request) -> None:
         # a resend that arrives while orphans of a killed worker are still being stopped must
         # meet its command as recovered (interrupted, or replaying), never run it as new
-        await self._recovered.wait()
+        if not self._recovered.is_set():  # (set for good once up: no yield then)
+            await self._recovered.wait()
         self._answering += 1
         try:
             await self._prompt_answered(conn, req)
@@ -1105,7 +1107,8 @@ class WorkerCore:
                 self._nursery.start_soon(self._execute, k, text, running, accepted)
             else:
                 self._turn.release()
-        async with running.lock:
+        await _acquire(running.lock)
+        try:
             # a resend joining a running turn gets what it produced so far, then the rest
             running.listener = conn
             running.request_id = req.id
@@ -1113,6 +1116,8 @@ class WorkerCore:
             running.raw = req.args.get("raw") is True
             running.sent_to = dict.fromkeys(STREAMS, 0)
             await self._catch_up(running)
+        finally:
+            running.lock.release()
         await running.done.wait()
         if (
             running.error is None
@@ -1122,9 +1127,12 @@ class WorkerCore:
         ):
             # an answer that cannot come inline (binary, or big) comes as chunks, streamed
             # or not
-            async with running.lock:
+            await _acquire(running.lock)
+            try:
                 running.stream = True
                 await self._catch_up(running)
+            finally:
+                running.lock.release()
         if running.error is not None:
             await self._respond(conn, fail(req.id, running.error))
         else:
@@ -1165,7 +1173,10 @@ class WorkerCore:
         data = raw.encode(errors="surrogateescape") if isinstance(raw, str) else bytes(raw)
         if not data:
             return
-        async with running.lock:
+        # (a full acquire, a checkpoint: an agent that yields output without ever awaiting
+        # anything still lets the rest of the worker run between its chunks)
+        await running.lock.acquire()
+        try:
             output = running.outputs[stream]
             at = output.size
             output.add(data)  # OSError (a full disk): the turn fails, storage_error
@@ -1181,6 +1192,8 @@ class WorkerCore:
                 await self._send_chunk(listener, running.request_id, at + offset, piece, stream,
                                        raw=running.raw)
             running.sent_to[stream] = at + len(data)
+        finally:
+            running.lock.release()
 
     def _follow_chunk(self, running: _Running, at: int, data: bytes) -> None:
         """Pass a piece of the running turn's output on to its followers (never waits)."""
@@ -1498,6 +1511,14 @@ class WorkerCore:
             kind, turn=self.turns + 1, command=list(k),
             prompt=text if isinstance(text, str) else None, bytes=running.outputs[STDOUT].size,
             error=error.message)
+
+
+async def _acquire(lock: trio.Lock) -> None:
+    """Take ``lock``; a free one without a trip through the scheduler."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
 
 
 def _kept_output(record: dict[str, Any]) -> dict[str, Any]:
