@@ -521,8 +521,8 @@ def _cpu_and_processes(doc: Doc, d: Data, runs: list[Data], floors: list[Data],
         measured = (f"{num(rate, 'prompts/s')} = {100 * share:.0f} % of the floor's"
                     f" {num(frate, '/s')}" if share is not None else num(rate, "prompts/s"))
         v = doc.goal(f"throughput, {clients} client processes over 8 sessions", measured, goal,
-                     verdict(share, THROUGHPUT_SHARE, at_most=False) if share is not None
-                     else "not measured")
+                     verdict(100 * share, 100 * THROUGHPUT_SHARE, at_most=False, unit="% of"
+                             " the floor") if share is not None else "not measured")
         rows.append([f"{clients} client processes over 8 sessions (prompts/s)", num(rate), "—",
                      "—", "1", goal, v])
         rows.append([f"… relay-chain floor, {clients} client processes over 8 servers"
