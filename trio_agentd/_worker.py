@@ -1535,7 +1535,8 @@ async def _closing(chunks: AsyncIterator[Chunk]) -> AsyncIterator[None]:
         yield
     finally:
         aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
+        # (a native generator that ran to its end has no frame: nothing to close, no scope)
+        if aclose is not None and getattr(chunks, "ag_frame", True) is not None:
             with trio.move_on_after(10, shield=True):
                 await aclose()
 
