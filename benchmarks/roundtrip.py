@@ -1,4 +1,5 @@
-"""Prompt round trip (in-process Trio client, echo agent, durable journal) and throughput.
+"""Prompt round trip (in-process Trio client, echo agent, durable journal), its server CPU, and
+throughput.
 
 The round trip is measured with its floors, in the same run and interleaved with it (floor run,
 prompt run, floor run, …):
@@ -6,17 +7,34 @@ prompt run, floor run, …):
 - **hop**: one request/response over a Unix socket between two Trio processes (a tiny echo
   server, :mod:`benchmarks._floor`, run by this venv's python), a message the size of a prompt;
 - **fdatasync**: one small append to a file in the daemon's home dir plus ``os.fdatasync``, the
-  durability each prompt's journal needs.
+  durability each prompt's journal needs;
+- **relay chain**: the two together, as a prompt does them now. A prompt goes from the client
+  straight to its session's worker over the direct route (the supervisor is not on the path),
+  and the worker makes one record durable before it answers; so the floor is a tiny Trio server
+  (:mod:`benchmarks._floor` with a journal file) that, per request line, appends one small
+  record, ``fdatasync``-s it and writes one response line. Its round trip, and its CPU per
+  request (utime + stime of the server process over the run, from ``/proc/PID/stat``, divided
+  by the requests) are what a prompt cannot go below.
+
+**Server CPU per prompt**: utime + stime of the supervisor (pid from its hello) and of the
+session's worker (pid from ``sessions``), from ``/proc/PID/stat``, before and after the run,
+divided by the prompts of the run.
 
 The prompts go over the direct route (the Trio client asks the supervisor for the route once,
 then talks to the session's worker); the client's ``reroutes``/``reconnects`` are reported.
 
+Throughput: 64 concurrent clients (tasks of one process) over 8 sessions for one window; and 8
+and 64 client *processes* (:mod:`benchmarks._load`) over 8 sessions, against the same number of
+client processes over 8 relay-chain floor servers (one per session, each with its journal),
+with the server CPU per prompt of each.
+
 Usage: ``python -m benchmarks.roundtrip [N] [SECONDS]`` — N sequential prompts (default
-10,000), then 64 concurrent clients over 8 sessions for SECONDS (default 20).
+10,000), then the throughput windows of SECONDS each (default 20).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -41,6 +59,27 @@ def _stats(samples: list[float], **extra: float) -> dict[str, float]:
             "mean": statistics.fmean(samples) * 1000, "n": float(len(samples)), **extra}
 
 
+def _cpu(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads), in seconds, from ``/proc/PID/stat``."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        tail = f.read().rsplit(b")", 1)[1].split()
+    return (int(tail[11]) + int(tail[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_of(pids: list[int]) -> float:
+    return sum(_cpu(p) for p in pids)
+
+
+async def _server_pids(client: trio_agentd.Client, sessions: list[str]) -> list[int]:
+    """The supervisor's pid (its hello) and the workers' of ``sessions`` (``sessions`` op)."""
+    rows = await client.request("sessions")
+    pids = {r["session"]: r["pid"] for r in rows if isinstance(r.get("pid"), int)}
+    missing = [s for s in sessions if s not in pids]
+    if missing:
+        raise RuntimeError(f"no worker pid for sessions {missing}")
+    return [client.hello.pid, *(pids[s] for s in sessions)]
+
+
 async def _sequential(env: Env, n: int) -> dict[str, float]:
     async with trio_agentd.open_client(
         env.socket, home=env.env["TRIO_AGENTD_HOME"], registry=env.env["TRIO_AGENTD_REGISTRY_DIR"]
@@ -50,13 +89,18 @@ async def _sequential(env: Env, n: int) -> dict[str, float]:
         r = await client.request("prompt", {"session": "rt", "text": "check", "stream": False})
         if not echo_ok(r, "check"):
             raise RuntimeError(f"wrong answer {r!r}")
+        pids = await _server_pids(client, ["rt"])
         samples = []
+        cpu0, sup0 = _cpu_of(pids), _cpu(pids[0])
         for i in range(n):
             t0 = time.perf_counter()
             await client.request("prompt", {"session": "rt", "text": f"p{i}", "stream": False})
             samples.append(time.perf_counter() - t0)
+        cpu1, sup1 = _cpu_of(pids), _cpu(pids[0])
         return _stats(samples, reroutes=float(client.reroutes),
-                      reconnects=float(client.reconnects))
+                      reconnects=float(client.reconnects),
+                      cpu_ms=(cpu1 - cpu0) / n * 1000,
+                      supervisor_cpu_ms=(sup1 - sup0) / n * 1000)
 
 
 # a prompt request as the client sends it, roughly: the hop moves as many bytes each way
@@ -80,6 +124,28 @@ async def _hop(path: str, n: int) -> dict[str, float]:
             if i >= 50:  # the first 50 warm up, as the prompts do
                 samples.append(time.perf_counter() - t0)
     return _stats(samples)
+
+
+async def _relay(path: str, pid: int, n: int) -> dict[str, float]:
+    """Sequential requests to a relay-chain floor server: round trip and its CPU per request."""
+    stream = await trio.open_unix_socket(path)
+    async with stream:
+        samples = []
+        cpu0 = 0.0
+        for i in range(n + 50):
+            if i == 50:  # the first 50 warm up, as the prompts do
+                cpu0 = _cpu(pid)
+            t0 = time.perf_counter()
+            await stream.send_all(_MSG)
+            got = b""
+            while not got.endswith(b"\n"):
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise RuntimeError("the relay floor server closed the connection")
+                got += data
+            if i >= 50:
+                samples.append(time.perf_counter() - t0)
+        return _stats(samples, cpu_ms=(_cpu(pid) - cpu0) / n * 1000)
 
 
 def _fdatasync(directory: str, n: int) -> dict[str, float]:
@@ -149,35 +215,125 @@ async def _throughput(env: Env, clients: int, sessions: int, seconds: float) -> 
             "seconds": elapsed, "per_second": [float(x) for x in per_second[:int(seconds)]]}
 
 
+def _child(module: str, *args: str) -> list[str]:
+    """``python -P -m benchmarks.MODULE ARGS``: ``benchmarks`` from where this process got it
+    (:func:`_child_env`), never from the cwd (which may hold a source tree of the package)."""
+    return [sys.executable, "-P", "-m", f"benchmarks.{module}", *args]
+
+
+def _child_env(env: Env) -> dict[str, str]:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = env.env.get("PYTHONPATH")
+    return {**env.env, "PYTHONPATH": here if not path else f"{here}{os.pathsep}{path}"}
+
+
+def _processes(env: Env, targets: list[list[str]], seconds: float,
+               server_pids: list[int]) -> dict[str, Any]:
+    """One :mod:`benchmarks._load` process per entry of ``targets`` (its arguments), all
+    started, warmed up and then let go at once for ``seconds``; prompts/s over the window and
+    the server CPU (``server_pids``) per prompt."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for start in range(0, len(targets), _BATCH):  # a few at a time: 64 cold starts at once
+            batch = [subprocess.Popen(_child("_load", *t), env=_child_env(env),  # on 2 cores
+                                      stdin=subprocess.PIPE,  # starve them all
+                                      stdout=subprocess.PIPE, text=True)
+                     for t in targets[start:start + _BATCH]]
+            procs += batch
+            for p in batch:
+                assert p.stdout is not None
+                if p.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"load client {p.args!r} did not start")
+        cpu0 = _cpu_of(server_pids)
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(f"go {seconds}\n")
+            p.stdin.flush()
+        results = []
+        for p in procs:
+            assert p.stdout is not None
+            results.append(json.loads(p.stdout.readline()))
+        cpu1 = _cpu_of(server_pids)
+        for p in procs:
+            p.wait(timeout=30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    done = sum(r["done"] for r in results)
+    return {"clients": len(targets), "prompts_per_s": done / seconds, "prompts": float(done),
+            "errors": float(sum(r["errors"] for r in results)), "seconds": seconds,
+            "cpu_ms": (cpu1 - cpu0) / max(done, 1) * 1000}
+
+
+def _start_floor(env: Env, path: str, journal: str | None) -> subprocess.Popen[bytes]:
+    argv = _child("_floor", path, *([journal] if journal else []))
+    server = subprocess.Popen(argv, env=_child_env(env), stdout=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL)
+    assert server.stdout is not None
+    if server.stdout.readline().strip() != b"ready":
+        server.kill()
+        server.wait()
+        raise RuntimeError("a floor server did not start")
+    return server
+
+
+async def _pids_of(env: Env, sessions: list[str]) -> list[int]:
+    async with trio_agentd.open_client(
+        env.socket, home=env.env["TRIO_AGENTD_HOME"], registry=env.env["TRIO_AGENTD_REGISTRY_DIR"]
+    ) as client:
+        for s in sessions:
+            await client.request("prompt", {"session": s, "text": "warm", "stream": False})
+        return await _server_pids(client, sessions)
+
+
+_BATCH = 8
+SESSIONS = 8
+CLIENT_PROCESSES = (8, 64)
+
+
 def run(n: int = 10_000, seconds: float = 20.0, reps: int = 1) -> dict[str, Any]:
     """``reps`` runs of ``n`` sequential prompts (``roundtrip`` is the first, ``roundtrip_runs``
-    all of them), each after a run of both floors (``floor_runs``); then one throughput window
-    of ``seconds`` (with its per-second counts)."""
+    all of them), each after a run of the floors (``floor_runs``); then one throughput window
+    of ``seconds`` (with its per-second counts) of 64 tasks in this process, and for 8 and 64
+    client processes one window of the floor and one of the prompts (``processes``)."""
     with private_env() as env:
         env.run("-p", "-s", "rt", "warm")
         floor_sock = str(env.root / "s" / "floor.sock")
-        server = subprocess.Popen([sys.executable, "-m", "benchmarks._floor", floor_sock],
-                                  env=env.env, stdout=subprocess.PIPE,
-                                  stdin=subprocess.DEVNULL)
+        servers: list[subprocess.Popen[bytes]] = []
         runs, floors = [], []
         try:
-            assert server.stdout is not None
-            if server.stdout.readline().strip() != b"ready":
-                raise RuntimeError("the floor echo server did not start")
+            servers.append(_start_floor(env, floor_sock, None))
+            relays = [str(env.root / "s" / f"relay{i}.sock") for i in range(SESSIONS)]
+            for i, path in enumerate(relays):
+                servers.append(_start_floor(env, path, str(env.home / f"floor-relay{i}.log")))
+            relay_pids = [s.pid for s in servers[1:]]
             for _ in range(reps):
                 hop = trio.run(_hop, floor_sock, n)
                 sync = _fdatasync(str(env.home), min(n, 5_000))
-                floors.append({"hop": hop, "fdatasync": sync,
+                relay = trio.run(_relay, relays[0], relay_pids[0], n)
+                floors.append({"hop": hop, "fdatasync": sync, "relay": relay,
                                "sum_p50": hop["p50"] + sync["p50"],
                                "sum_p99": hop["p99"] + sync["p99"]})
                 runs.append(trio.run(_sequential, env, n))
+            thr = trio.run(_throughput, env, 64, SESSIONS, seconds)
+            sessions = [f"t{s}" for s in range(SESSIONS)]
+            agentd_pids = trio.run(_pids_of, env, sessions)
+            procs: list[dict[str, Any]] = []
+            for clients in CLIENT_PROCESSES:
+                floor = _processes(env, [["floor", relays[i % SESSIONS]] for i in range(clients)],
+                                   seconds, relay_pids)
+                prompts = _processes(env, [["agentd", sessions[i % SESSIONS]]
+                                           for i in range(clients)], seconds, agentd_pids)
+                procs.append({"clients": clients, "floor": floor, "prompts": prompts})
         finally:
-            server.kill()
-            server.wait()
-        thr = trio.run(_throughput, env, 64, 8, seconds)
+            for server in servers:
+                server.kill()
+                server.wait()
         env.run("shutdown")
     return {"roundtrip": runs[0], "roundtrip_runs": runs, "floor_runs": floors,
-            "home_fs": _fs_of(str(env.home)), "throughput": thr}
+            "home_fs": _fs_of(str(env.home)), "throughput": thr, "processes": procs}
 
 
 def main() -> None:
@@ -188,8 +344,15 @@ def main() -> None:
     rt, thr = res["roundtrip"], res["throughput"]
     print(f"round trip over {rt['n']:.0f} sequential prompts: p50 {rt['p50']:.3f} ms,"
           f" p99 {rt['p99']:.3f} ms, mean {rt['mean']:.3f} ms")
+    print(f"server CPU per prompt {rt['cpu_ms']:.3f} ms (supervisor {rt['supervisor_cpu_ms']:.3f});"
+          f" relay-chain floor {res['floor_runs'][0]['relay']['cpu_ms']:.3f} ms,"
+          f" p50 {res['floor_runs'][0]['relay']['p50']:.3f} ms")
     print(f"throughput, 64 clients over 8 sessions: {thr['prompts_per_s']:.0f} prompts/s"
           f" ({thr['prompts']:.0f} in {thr['seconds']:.1f} s, {thr['errors']:.0f} errors)")
+    for p in res["processes"]:
+        print(f"{p['clients']} client processes: {p['prompts']['prompts_per_s']:.0f} prompts/s"
+              f" ({p['prompts']['cpu_ms']:.3f} ms CPU each), floor"
+              f" {p['floor']['prompts_per_s']:.0f}/s ({p['floor']['cpu_ms']:.3f} ms CPU each)")
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ class Figure:
 
 FIGURES = [
     Figure("cli_warm", "CLI warm prompt", _cli_warm, 180),
-    Figure("roundtrip", "Prompt round trip and throughput", _roundtrip, 300),
+    Figure("roundtrip", "Prompt round trip and throughput", _roundtrip, 600),
     Figure("streaming", "Streaming: one session, 16 sessions, memory", _streaming, 900),
     Figure("startup", "Cold start and concurrent launches", _startup, 300),
     Figure("recovery", "Recovery after kill -9", _recovery, 600),
@@ -414,8 +414,18 @@ def sec_roundtrip(doc: Doc, res: Data) -> None:
             "median/min/max over the runs (same daemon). Floors, measured in the same run just "
             "before each prompt run: one request/response hop over a Unix socket between two "
             "Trio processes (a tiny echo server, `benchmarks/_floor.py`) and one small append + "
-            "`os.fdatasync` on the filesystem of the daemon's home. Throughput: 64 concurrent "
-            "clients over 8 sessions for one window; the spread is over its 1-second buckets.",
+            "`os.fdatasync` on the filesystem of the daemon's home; and the *relay-chain floor*: "
+            "the hops a prompt makes now and nothing else — a prompt goes from the client "
+            "straight to its session's worker, which makes one record durable and answers, so "
+            "the floor is a tiny Trio server (`benchmarks/_floor.py` with a journal file) that "
+            "per request line appends one small record, `fdatasync`s it and writes one response "
+            "line. Server CPU per prompt: utime + stime (`/proc/PID/stat`) of the supervisor and "
+            "the session's worker over a run, divided by its prompts; the floor's is its "
+            "server's, per request. Throughput: 64 concurrent clients (tasks of one process) "
+            "over 8 sessions for one window, the spread over its 1-second buckets; then 8 and 64 "
+            "client *processes* (`benchmarks/_load.py`, started and warmed up, then let go at "
+            "once) over 8 sessions, against as many client processes over 8 relay-chain floor "
+            "servers (one per session) in the same run.",
             "")
     if not _failed(doc, res):
         doc.goal("round trip p50", "—", f"≤ {RT_P50} ms", "not measured")
@@ -463,7 +473,65 @@ def sec_roundtrip(doc: Doc, res: Data) -> None:
                  "1", "≥ 5,000", vt])
     rows.append(["errors during the throughput window", num(thr.get("errors")), "—", "—", "—",
                  "", ""])
+    _cpu_and_processes(doc, d, runs, floors, rows)
     doc.table(HEAD, rows)
+
+
+CPU_FLOOR_FACTOR = 2.0  # server CPU per prompt: at most this many times the relay chain's
+THROUGHPUT_SHARE = 0.5  # client processes' throughput: at least this share of the relay chain's
+
+
+def _cpu_and_processes(doc: Doc, d: Data, runs: list[Data], floors: list[Data],
+                       rows: list[list[str]]) -> None:
+    """Server CPU per prompt against the relay-chain floor's, and throughput of client
+    processes against the floor's at the same client counts (goal rows and table rows)."""
+    relays = [f["relay"] for f in floors if isinstance(f.get("relay"), dict)]
+    cpu_runs = [r for r in runs if isinstance(r.get("cpu_ms"), int | float)]
+    if relays:
+        rows.append(_stat_row("relay-chain floor (client → server: append + fdatasync, answer),"
+                              " p50 (ms)", _mmm([r["p50"] for r in relays]), ""))
+        rows.append(_stat_row("relay-chain floor, p99 (ms)", _mmm([r["p99"] for r in relays]),
+                              ""))
+        rows.append(_stat_row("relay-chain floor: server CPU per request (ms)",
+                              _mmm([r["cpu_ms"] for r in relays]), ""))
+    if cpu_runs:
+        cpu = _mmm([r["cpu_ms"] for r in cpu_runs])
+        sup = _mmm([r.get("supervisor_cpu_ms", 0.0) for r in cpu_runs])
+        floor_cpu = _mmm([r["cpu_ms"] for r in relays])["median"] if relays else None
+        goal = f"≤ {CPU_FLOOR_FACTOR:g}x the relay-chain floor"
+        if floor_cpu:
+            ratio = cpu["median"] / floor_cpu
+            measured = (f"{num(cpu['median'], 'ms')} (floor {num(floor_cpu, 'ms')}:"
+                        f" {ratio:.2f}x)")
+            v = doc.goal("server CPU per prompt (supervisor + worker)", measured, goal,
+                         verdict(ratio, CPU_FLOOR_FACTOR, unit="x"))
+        else:
+            v = doc.goal("server CPU per prompt (supervisor + worker)", num(cpu["median"], "ms"),
+                         goal, "not measured")
+        rows.append(_stat_row("server CPU per prompt, supervisor + worker (ms)", cpu, "", goal,
+                              v))
+        rows.append(_stat_row("… of which the supervisor (ms)", sup, ""))
+    for p in d.get("processes") or []:
+        if not isinstance(p, dict):
+            continue
+        clients, prompts, floor = p.get("clients"), p.get("prompts") or {}, p.get("floor") or {}
+        rate, frate = prompts.get("prompts_per_s"), floor.get("prompts_per_s")
+        share = rate / frate if isinstance(rate, int | float) and frate else None
+        goal = f"≥ {100 * THROUGHPUT_SHARE:.0f} % of the floor"
+        measured = (f"{num(rate, 'prompts/s')} = {100 * share:.0f} % of the floor's"
+                    f" {num(frate, '/s')}" if share is not None else num(rate, "prompts/s"))
+        v = doc.goal(f"throughput, {clients} client processes over 8 sessions", measured, goal,
+                     verdict(100 * share, 100 * THROUGHPUT_SHARE, at_most=False, unit="% of"
+                             " the floor") if share is not None else "not measured")
+        rows.append([f"{clients} client processes over 8 sessions (prompts/s)", num(rate), "—",
+                     "—", "1", goal, v])
+        rows.append([f"… relay-chain floor, {clients} client processes over 8 servers"
+                     " (requests/s)", num(frate), "—", "—", "1", "", ""])
+        rows.append([f"… server CPU per prompt / per floor request, {clients} client processes"
+                     " (ms)", f"{num(prompts.get('cpu_ms'))} / {num(floor.get('cpu_ms'))}", "—",
+                     "—", "1", "", ""])
+        rows.append([f"… errors, {clients} client processes", num(prompts.get("errors")), "—",
+                     "—", "—", "", ""])
 
 
 def sec_streaming(doc: Doc, res: Data) -> None:

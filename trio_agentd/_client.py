@@ -137,9 +137,13 @@ class _Connection:
         """While the body runs (a request is outstanding), ping the peer after
         ``link_ping_interval`` of silence; if nothing arrives within ``ping_timeout`` (default
         ``link_ping_timeout``) of a ping, end the connection with ``unresponsive`` (every
-        pending request raises it)."""
+        pending request raises it).
+
+        One watcher task serves the requests that follow each other on the connection: it
+        ends when it wakes (at most ``link_ping_interval`` on) to find none outstanding, not
+        at the end of each request, so back-to-back prompts spawn no task each."""
         self.watchers += 1
-        if self.watchers == 1:
+        if self._watch_scope is None:
             self._watch_scope = anyio.CancelScope()
             nursery.start_soon(self._watch, self._watch_scope, ping, timing, unresponsive,
                                timing.link_ping_timeout if ping_timeout is None else ping_timeout)
@@ -147,9 +151,6 @@ class _Connection:
             yield
         finally:
             self.watchers -= 1
-            if self.watchers == 0 and self._watch_scope is not None:
-                self._watch_scope.cancel()
-                self._watch_scope = None
 
     async def _watch(
         self, scope: anyio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError,
@@ -157,11 +158,15 @@ class _Connection:
     ) -> None:
         with scope:
             try:
-                await watch(self.silence, functools.partial(self.ms.send, ping),
-                            interval=timing.link_ping_interval, ping_timeout=ping_timeout)
+                at = await watch(self.silence, functools.partial(self.ms.send, ping),
+                                 interval=timing.link_ping_interval, ping_timeout=ping_timeout,
+                                 active=lambda: self.watchers > 0)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return  # the connection ended anyway
-            if not self.closed:
+            finally:
+                if self._watch_scope is scope:
+                    self._watch_scope = None
+            if at is not None and not self.closed:
                 self.error = unresponsive
                 self.closed = True
                 await self.ms.aclose()  # the reader ends: every pending request fails
@@ -291,10 +296,13 @@ class Client:
         """
         rid = next(self._ids)
         args = args or {}
+        if op == "prompt":
+            # the cwd and environment go with the route request only (a new session starts
+            # with them), not with every prompt: copying the environment is most of a
+            # prompt's client-side cost
+            return await self._prompt_direct(rid, args, on_event)
         if op in CREATING_OPS:
             args = creator_args(args)
-        if op == "prompt":
-            return await self._prompt_direct(rid, args, on_event)
         return await self._request_supervisor(rid, op, args, on_event)
 
     async def _request_supervisor(
@@ -393,8 +401,9 @@ class Client:
             or (agent is not None and agent != route.get("agent"))
             or float(route.get("expires", 0)) - _GRANT_MARGIN < time.time()
         ):
+            creator = creator_args(args)
             route_args: dict[str, Any] = {
-                k: args[k] for k in ("session", "agent", "cwd", "env") if k in args
+                k: creator[k] for k in ("session", "agent", "cwd", "env") if k in creator
             }
             if fresh:
                 route_args["resend"] = True  # a command already sent: not into a new session

@@ -99,6 +99,8 @@ _TIMING_MEANING: dict[str, tuple[str, str]] = {
     "admission_poll": (_SUP, "poll interval while waiting for an admission"),
     "lock_poll": ("supervisor, worker", "first back-off of a lock poll"),
     "drop_notice_timeout": ("worker", "how long a dropped worker tries to tell its supervisor"),
+    "notice_interval": ("worker", "the least time between two turn notices a worker sends its"
+                        " supervisor (those in between coalesce)"),
     "grant_ttl": (_SUP, "how long a direct route grant is good for"),
     "status_timeout": (_SUP, "how long `sessions` waits for the workers' own counts"),
     "storage_retry_delays": ("supervisor, worker", "pauses before a failed write is retried"),

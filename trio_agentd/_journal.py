@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from ._identity import GroupIdentity
 
 Key = tuple[str, str]  # (client_id, command id as text)
@@ -166,8 +168,31 @@ def group_stopped(client_id: str, command_id: str | int, g: GroupIdentity, outco
                   "pgid": g.pgid, "pid": g.pid, "start": g.start_id, "outcome": outcome})
 
 
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+class Line(bytes):
+    """A journal line that also holds the record it encodes (:attr:`rec`), so the worker
+    that writes it applies the record without decoding its own line again."""
+
+    rec: dict[str, Any]
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _line(obj: dict[str, Any]) -> Line:
+    try:
+        data = _encode(obj)
+    except (UnicodeEncodeError, TypeError, OverflowError, msgspec.EncodeError):
+        # a surrogate-escaped string (a prompt that is not UTF-8) goes as an escape, as
+        # json.dumps writes it; so does anything msgspec would not encode
+        data = json.dumps(obj, separators=(",", ":")).encode()
+    line = Line(data + b"\n")
+    line.rec = obj
+    return line
+
+
+def record_of(line: bytes) -> Any:
+    """The record a line holds: the one it was made from, or its decoded JSON."""
+    return line.rec if isinstance(line, Line) else json.loads(line)
 
 
 def compacted(state: JournalState, keep_completed: int) -> bytes:

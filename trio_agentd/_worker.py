@@ -25,6 +25,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import os
 import signal
 import socket as _socket
@@ -192,7 +193,7 @@ class Journal:
         return self.written
 
     def _apply(self, line: bytes) -> None:
-        rec = json.loads(line)
+        rec = _journal.record_of(line)
         self.state.apply(rec)
         if rec.get("kind") not in ("started", "dropped", "group", "group_stopped"):
             # markers ride along: compaction counts commands
@@ -312,7 +313,7 @@ class Journal:
         state = self.state
         kept: list[bytes] = []
         for _seq, _end, line in self._unflushed:
-            rec = json.loads(line)
+            rec = _journal.record_of(line)
             k = _journal.key_of(str(rec.get("client_id", "")), rec.get("id", ""))
             ran = k in state.started or k in state.completed or k in state.interrupted
             if rec.get("kind") == "accepted" and not ran:
@@ -388,10 +389,12 @@ class _Conn:
     """A supervisor connection (``fence``: its claim), or a client's direct route (``direct``:
     admitted by a grant of the supervisor generation ``fence`` was for)."""
 
-    def __init__(self, ms: MessageStream, fence: Fence, *, direct: bool = False) -> None:
+    def __init__(self, ms: MessageStream, fence: Fence, *, direct: bool = False,
+                 notice_interval: float = 0.0) -> None:
         self.ms = ms
         self.fence = fence
         self.direct = direct
+        self.notice_interval = notice_interval
         self.scope = trio.CancelScope()
         self.dropped = False
         # the newest turn notice not yet sent (notices coalesce: only the latest matters)
@@ -401,14 +404,41 @@ class _Conn:
 
     async def send_notices(self) -> None:
         """Send turn notices one at a time, never cancelled half-way through a frame (that
-        would corrupt the stream): runs for the connection's life."""
+        would corrupt the stream): runs for the connection's life.
+
+        Notices coalesce into the latest (only it matters) and are paced: two may go at once
+        (a lone turn's ``turn_started`` and ``turn_done`` are never held), then one per
+        ``notice_interval`` (a token bucket of two), so back-to-back prompts cost the
+        supervisor a notice per interval instead of two per prompt, and its view of a busy
+        session lags by at most that.
+        """
+        tokens, last = float(_NOTICE_BURST), -math.inf
         while True:
             await self.notice_ready.wait()
             self.notice_ready = trio.Event()
+            if self.notice is None:
+                continue  # sent already, by the hold below
+            if self.notice_interval > 0:
+                now = trio.current_time()
+                tokens = min(float(_NOTICE_BURST), tokens + (now - last) / self.notice_interval)
+                last = now
+                if tokens < 1:
+                    # notices that come meanwhile replace this one (nothing wakes this task
+                    # for them): the latest goes when the hold ends
+                    await trio.sleep((1 - tokens) * self.notice_interval)
+                    tokens, last = 1.0, trio.current_time()
+            else:
+                tokens = float(_NOTICE_BURST)
             notice, self.notice = self.notice, None
-            if notice is not None and not self.dropped:
+            if notice is None:
+                continue
+            tokens -= 1
+            if not self.dropped:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await self.ms.send(notice)
+
+
+_NOTICE_BURST = 2  # notices that may go at once: a lone turn's start and end
 
 
 class _Running:
@@ -789,7 +819,7 @@ class WorkerCore:
                     )
                 )
                 return
-            conn = _Conn(ms, fence)
+            conn = _Conn(ms, fence, notice_interval=self.timing.notice_interval)
             if self._watch_claims is not None:
                 self._watch_claims(msg.generation)
             # the newest authenticated supervisor wins: revoke every older connection
@@ -851,7 +881,8 @@ class WorkerCore:
     async def _read_commands(self, conn: _Conn, handlers: trio.Nursery) -> None:
         while True:
             # a peer that pipelines without reading its answers stops being read from
-            await conn.in_flight.wait_value(lambda n: n < MAX_IN_FLIGHT)
+            if conn.in_flight.value >= MAX_IN_FLIGHT:  # (no yield when there is room)
+                await conn.in_flight.wait_value(lambda n: n < MAX_IN_FLIGHT)
             try:
                 line = await conn.ms.receive_line()
             except (trio.BrokenResourceError, trio.ClosedResourceError, AgentdError):
@@ -991,7 +1022,8 @@ class WorkerCore:
     async def _prompt(self, conn: _Conn, req: Request) -> None:
         # a resend that arrives while orphans of a killed worker are still being stopped must
         # meet its command as recovered (interrupted, or replaying), never run it as new
-        await self._recovered.wait()
+        if not self._recovered.is_set():  # (set for good once up: no yield then)
+            await self._recovered.wait()
         self._answering += 1
         try:
             await self._prompt_answered(conn, req)
@@ -1075,7 +1107,8 @@ class WorkerCore:
                 self._nursery.start_soon(self._execute, k, text, running, accepted)
             else:
                 self._turn.release()
-        async with running.lock:
+        await _acquire(running.lock)
+        try:
             # a resend joining a running turn gets what it produced so far, then the rest
             running.listener = conn
             running.request_id = req.id
@@ -1083,6 +1116,8 @@ class WorkerCore:
             running.raw = req.args.get("raw") is True
             running.sent_to = dict.fromkeys(STREAMS, 0)
             await self._catch_up(running)
+        finally:
+            running.lock.release()
         await running.done.wait()
         if (
             running.error is None
@@ -1092,9 +1127,12 @@ class WorkerCore:
         ):
             # an answer that cannot come inline (binary, or big) comes as chunks, streamed
             # or not
-            async with running.lock:
+            await _acquire(running.lock)
+            try:
                 running.stream = True
                 await self._catch_up(running)
+            finally:
+                running.lock.release()
         if running.error is not None:
             await self._respond(conn, fail(req.id, running.error))
         else:
@@ -1135,7 +1173,10 @@ class WorkerCore:
         data = raw.encode(errors="surrogateescape") if isinstance(raw, str) else bytes(raw)
         if not data:
             return
-        async with running.lock:
+        # (a full acquire, a checkpoint: an agent that yields output without ever awaiting
+        # anything still lets the rest of the worker run between its chunks)
+        await running.lock.acquire()
+        try:
             output = running.outputs[stream]
             at = output.size
             output.add(data)  # OSError (a full disk): the turn fails, storage_error
@@ -1151,6 +1192,8 @@ class WorkerCore:
                 await self._send_chunk(listener, running.request_id, at + offset, piece, stream,
                                        raw=running.raw)
             running.sent_to[stream] = at + len(data)
+        finally:
+            running.lock.release()
 
     def _follow_chunk(self, running: _Running, at: int, data: bytes) -> None:
         """Pass a piece of the running turn's output on to its followers (never waits)."""
@@ -1459,7 +1502,7 @@ class WorkerCore:
         kinds: dict[str, str] = {ErrorCode.COMMAND_CANCELLED: "cancelled",
                                  ErrorCode.SESSION_KILLED: "killed"}
         kind = kinds.get(error.code, "failed")
-        rec = json.loads(record)
+        rec = _journal.record_of(record)
         k = _journal.key_of(str(rec.get("client_id", "")), rec.get("id", ""))
         text = None
         if self.journal is not None:
@@ -1468,6 +1511,14 @@ class WorkerCore:
             kind, turn=self.turns + 1, command=list(k),
             prompt=text if isinstance(text, str) else None, bytes=running.outputs[STDOUT].size,
             error=error.message)
+
+
+async def _acquire(lock: trio.Lock) -> None:
+    """Take ``lock``; a free one without a trip through the scheduler."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
 
 
 def _kept_output(record: dict[str, Any]) -> dict[str, Any]:
@@ -1484,7 +1535,8 @@ async def _closing(chunks: AsyncIterator[Chunk]) -> AsyncIterator[None]:
         yield
     finally:
         aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
+        # (a native generator that ran to its end has no frame: nothing to close, no scope)
+        if aclose is not None and getattr(chunks, "ag_frame", True) is not None:
             with trio.move_on_after(10, shield=True):
                 await aclose()
 
@@ -1500,15 +1552,17 @@ class RegistryWatcher(Protocol):
 
 def watched_refence(
     watcher: RegistryWatcher, registry: Path, timing: Timing,
-    conns: Callable[[], Iterable[_Conn]],
+    conns: Callable[[], Iterable[_Conn]], on_wake: Callable[[], None] = lambda: None,
 ) -> tuple[Callable[[str], None], Callable[[], Awaitable[None]]]:
     """``(watch_claims, wait_change)`` for a :class:`WorkerCore` that re-fences when the
     registry changes: an authenticated supervisor's record dir is watched, and the re-fence
-    loop waits for a change, or ``refence_fallback`` at most (a change not reported)."""
+    loop waits for a change, or ``refence_fallback`` at most (a change not reported).
+    ``on_wake`` runs each time the loop wakes, once the watches are in place again."""
 
     def watch_claims(generation: str) -> None:
         watcher.watch(registry)
         watcher.watch(registry / f"{generation}.owner")
+        on_wake()
 
     async def wait_change() -> None:
         with trio.move_on_after(timing.refence_fallback):
@@ -1516,8 +1570,50 @@ def watched_refence(
         # a record dir that was removed and made again needs its watch again
         for conn in conns():
             watcher.watch(registry / f"{conn.fence.claim.generation}.owner")
+        on_wake()
 
     return watch_claims, wait_change
+
+
+class CachedRecords:
+    """The fence's owner-record reads, from memory while inotify reports no change.
+
+    A command's fence check reads its supervisor's record (an open, a stat, a read): most of
+    what a worker spends on a prompt beyond the journal's flush. With the registry watched the
+    kernel says whether anything changed, for one ``poll`` with no timeout: while no event is
+    pending and the re-fence loop has not woken since (it drains the events, watches a record
+    dir made again, and wakes on the slow fallback poll anyway), the bytes read last are the
+    bytes on disk. A pending event means a read from disk, uncached, until the loop has dealt
+    with it. Only a few generations are remembered (a supervisor and its successor).
+    """
+
+    _KEEP = 4
+
+    def __init__(self, read: Callable[[str], bytes | None], fd: int) -> None:
+        import select
+
+        self._read = read
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        self._cache: dict[str, bytes | None] = {}
+        self.reads = 0  # reads that went to the file
+
+    def invalidate(self) -> None:
+        self._cache.clear()
+
+    def __call__(self, generation: str) -> bytes | None:
+        if self._poll.poll(0):
+            self._cache.clear()  # something changed: read, and trust nothing until the loop ran
+            self.reads += 1
+            return self._read(generation)
+        if generation in self._cache:
+            return self._cache[generation]
+        self.reads += 1
+        raw = self._read(generation)
+        if len(self._cache) >= self._KEEP:
+            self._cache.clear()
+        self._cache[generation] = raw
+        return raw
 
 
 def _registry_watcher(registry: Path, *, poll: bool) -> Any:
@@ -1603,8 +1699,14 @@ async def run_worker(
     registry = Path(config.registry)
     agent = load_agent(config.agent, config.agent_path)
     watcher = _registry_watcher(registry, poll=poll_refence)
+
+    def read_record(generation: str) -> bytes | None:
+        return read_bytes(registry / f"{generation}.owner" / "owner.json")
+
+    records = CachedRecords(read_record, watcher.fd) if watcher is not None else None
     watch_claims, wait_change = (
-        watched_refence(watcher, registry, timing, lambda: core.conns)
+        watched_refence(watcher, registry, timing, lambda: core.conns,
+                        on_wake=records.invalidate if records is not None else lambda: None)
         if watcher is not None else (None, None)
     )
     journal = Journal(Path(config.journal))
@@ -1614,7 +1716,7 @@ async def run_worker(
         agent=agent,
         token=config.token,
         supervisor_socket=config.supervisor_socket,
-        read_record=lambda g: read_bytes(registry / f"{g}.owner" / "owner.json"),
+        read_record=records if records is not None else read_record,
         journal=journal,
         transcript=transcript,
         cwd=Path(config.cwd),

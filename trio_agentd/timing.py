@@ -83,6 +83,11 @@ class Timing:
     # ``recovering``) at most ``link_idle_ping_interval + link_ping_timeout`` after its last
     # sign of life, and 100 idle sessions cost 100 pings per 30 s, not per 2 s
     link_idle_ping_interval: float = 30.0
+    # a worker tells its supervisor of the turns clients run on direct routes (turn started /
+    # done) at most once per this long: the first notice after a quiet spell goes at once,
+    # those that come meanwhile coalesce into the latest, so back-to-back prompts cost the
+    # supervisor a notice per interval, not two per prompt (its view lags by at most this)
+    notice_interval: float = 0.05
     # a supervisor's worker fork template that died is started again after this long (doubled
     # while it keeps dying before it is ready, to 60 s); workers are exec'd meanwhile
     fork_template_restart_delay: float = 0.5

@@ -41,6 +41,7 @@ from trio_agentd._stream import MessageStream
 from trio_agentd._worker import Journal, WorkerCore
 from trio_agentd.agents import Agent, EchoAgent, TurnContext
 from trio_agentd.testing import MemoryRegistry, memory_stream_pair
+from trio_agentd.timing import DEFAULT_TIMING
 
 SESSION = "s1"
 SOCKET = "/run/s.sock"
@@ -316,13 +317,15 @@ async def test_client_with_a_valid_grant_prompts_directly_and_supervisor_hears_t
     assert msg.ok
 
     # the supervisor never saw the prompts, only the worker's notices of its turns
-    # (turn_started carries the turns done before it)
-    assert await sup.wait_notices(4) == [
+    # (turn_started carries the turns done before it): the first turn's start and end at
+    # once, then one notice per notice_interval, the latest (the second turn's start was
+    # replaced by its end before its turn to go came)
+    assert await sup.wait_notices(3) == [
         Notice(kind="turn_started", turn=0), Notice(kind="turn_done", turn=1),
-        Notice(kind="turn_started", turn=1), Notice(kind="turn_done", turn=2),
+        Notice(kind="turn_done", turn=2),
     ]
+    assert [t for t, _m in sup.log] == [0.0, 0.0, DEFAULT_TIMING.notice_interval]
     assert all(isinstance(m, Notice) for _t, m in sup.log)
-    assert trio.current_time() == 0.0
     assert w.core.turns_run == 2
 
 
@@ -335,6 +338,38 @@ async def test_a_streamed_off_prompt_gets_only_the_response(
     client = await w.attached(grant("g1"))
     await client.send(1, "prompt", text="quiet", stream=False)
     assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] quiet\n"))
+
+
+async def test_back_to_back_prompts_cost_the_supervisor_a_notice_per_interval(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """Ten prompts answered at once: the supervisor hears the first turn's start and end,
+    then the latest state once ``notice_interval`` has passed — not twenty notices; a lone
+    turn after a quiet spell is told at once again."""
+    w = World(nursery)
+    await w.start()
+    sup = await w.supervisor(w.owner("g1", 100))
+    client = await w.attached(grant("g1"))
+    for i in range(1, 11):
+        await client.send(i, "prompt", text=f"p{i}", stream=False)
+        assert await client.until_response() == ([], reply(i, i, f"[echo turn {i}] p{i}\n"))
+    assert trio.current_time() == 0.0  # no prompt waited for a notice
+    interval = DEFAULT_TIMING.notice_interval
+    # two went at once (which two depends on how the tasks interleave: a notice replaced
+    # before it went is not sent), then the latest state once the interval had passed
+    notices = await sup.wait_notices(3)
+    await trio.sleep(2 * interval)  # quiet: nothing more comes, and two may go at once again
+    assert sup.notices() == notices
+    assert [t for t, _m in sup.log] == [0.0, 0.0, interval]
+    assert notices[-1] == Notice(kind="turn_done", turn=10)
+    assert [n.turn for n in notices] == sorted(n.turn for n in notices)
+    start = trio.current_time()
+    await client.send(11, "prompt", text="p11", stream=False)
+    await client.until_response()
+    # a lone turn after a quiet spell: its end is told at once, never held
+    await trio.testing.wait_all_tasks_blocked()
+    assert sup.notices()[-1] == Notice(kind="turn_done", turn=11)
+    assert [t for t, _m in sup.log][3:] == [start] * (len(sup.log) - 3)
 
 
 # --- (2) grants that do not admit ------------------------------------------------------------

@@ -227,6 +227,61 @@ class _ChattyAgent:
             yield "a"
 
 
+
+class _QuickAgent:
+    replayable = True
+
+    async def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
+        yield f"ok: {prompt}"
+
+
+async def test_trio_client_back_to_back_prompts_share_one_watcher_and_copy_no_environment(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prompts that follow each other on a route start one liveness watcher between them (not
+    one task each), which ends once the route is idle; the environment is copied for the
+    route request only."""
+    w = Worker(nursery)
+    await w.start()
+    w.core.agent = _QuickAgent()
+    client = await _client_on(w, nursery, monkeypatch)
+    watchers: list[float] = []
+    original_watch = _client._Connection._watch
+
+    async def counted_watch(self: _client._Connection, *args: Any) -> None:
+        watchers.append(trio.current_time())
+        await original_watch(self, *args)
+
+    copies: list[dict[str, Any]] = []
+    original_creator = _syncclient.creator_args
+
+    def counted_creator(args: dict[str, Any]) -> dict[str, Any]:
+        copies.append(args)
+        return original_creator(args)
+
+    monkeypatch.setattr(_client._Connection, "_watch", counted_watch)
+    monkeypatch.setattr(_client, "creator_args", counted_creator)
+    for i in range(10):
+        result = await client.request("prompt", {"session": "s1", "text": f"p{i}"})
+        assert result["reply"] == f"ok: p{i}"
+    assert watchers == [0.0]
+    assert len(copies) == 1  # the route request's
+    conn = client._direct["s1"]
+    # idle: the watcher ends when it next wakes, without pinging the idle worker
+    await trio.sleep(DEFAULT_TIMING.link_ping_interval)
+    await trio.testing.wait_all_tasks_blocked()
+    assert conn._watch_scope is None
+    assert w.pings() == []
+    # the next prompt starts a watcher again, which pings a silent turn as before
+    w.core.agent = w.agent
+    start = trio.current_time()
+    result = await client.request("prompt", {"session": "s1", "text": "think"})
+    assert result["reply"] == "done: think"
+    assert watchers == [0.0, start]
+    # (a route silent for longer than the interval is pinged as the prompt starts)
+    assert [t - start for t in w.pings()][:3] == [0.0, 2.0, 4.0]
+
 # --- the blocking client (CLI) ---------------------------------------------------------------
 
 

@@ -272,3 +272,27 @@ def test_compacted_preserves_pending_and_keeps_newest_results(journal: list[Op],
         again.completed,
         again.interrupted,
     )
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(text=st.text(alphabet=st.characters() | st.sampled_from(["\udcff", "\udc80", "é", "\x00"])),
+       extra=_json)
+def test_a_line_carries_the_record_it_decodes_to(text: str, extra: Any) -> None:
+    """The worker applies the record a line was made from instead of decoding its own line:
+    the two must be the same, whatever the text (surrogate-escaped, non-ASCII, control)."""
+    line = j.accepted("c", 7, "prompt", {"text": text, "extra": extra}, boot="b")
+    assert line.endswith(b"\n")
+    assert line.count(b"\n") == 1
+    assert isinstance(line, j.Line)
+    assert j.record_of(line) is line.rec  # the record it was made from
+    assert line.rec == json.loads(line)
+    assert j.record_of(bytes(line)) == line.rec  # a plain line (read back) is decoded
+    assert parse(line).accepted[("c", "7")] == line.rec
+    done = j.completed("c", 7, {"reply": text})
+    assert parse(line + done).completed[("c", "7")] == {"reply": text}
