@@ -221,17 +221,51 @@ def add_service_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     )
     ssub = sv.add_subparsers(dest="service_command", metavar="ACTION")
     ssub.required = True
-    ins = ssub.add_parser("install", help="write the unit file(s) and say what to run next")
+    ins = _action(
+        ssub, "install", "write the unit file(s) and say what to run next",
+        "Write trio-agentd.service (and with --socket-activation trio-agentd.socket) for this"
+        " installation's Python, socket, home and registry, then print the systemctl and"
+        " loginctl commands that enable it. An existing file is rewritten: put your own"
+        " settings in a drop-in (systemctl --user edit trio-agentd).",
+        "trio-agentd service install\n"
+        "trio-agentd service install --socket-activation\n"
+        "trio-agentd service install --systemctl   # and daemon-reload, enable --now",
+    )
     ins.add_argument("--socket-activation", action="store_true",
                      help="also write trio-agentd.socket: systemd listens, and starts the"
                      " supervisor when a client connects")
     ins.add_argument("--systemctl", action="store_true",
                      help="then run systemctl --user daemon-reload and enable --now")
-    un = ssub.add_parser("uninstall", help="remove the unit file(s)")
+    un = _action(
+        ssub, "uninstall", "remove the unit file(s)",
+        "Remove trio-agentd.service and trio-agentd.socket. Disable the unit first (or pass"
+        " --systemctl, which runs systemctl --user disable --now before and daemon-reload"
+        " after): a running supervisor is not stopped by removing its file.",
+        "trio-agentd service uninstall --systemctl\n"
+        "systemctl --user disable --now trio-agentd && trio-agentd service uninstall",
+    )
     un.add_argument("--systemctl", action="store_true",
                     help="first run systemctl --user disable --now, then daemon-reload")
-    ssub.add_parser("status", help="whether the unit file(s) exist and are current (exit 1 if"
-                    " not)")
+    _action(
+        ssub, "status", "whether the unit file(s) exist and are current (exit 1 if not)",
+        "Compare each unit file with what install would write now: exit 0 when every file"
+        " is installed and current, 1 when one is missing or differs (another Python, socket,"
+        " home or registry, or an edit by hand).",
+        "trio-agentd service status\n"
+        "trio-agentd service status || trio-agentd service install",
+    )
+
+
+def _action(ssub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str,
+            description: str, examples: str) -> argparse.ArgumentParser:
+    """One ``service`` action, its help with a description and examples, as every command's."""
+    import textwrap
+
+    return ssub.add_parser(
+        name, help=help, description=textwrap.fill(description, 92),
+        epilog="examples:\n" + "\n".join(f"  {line}" for line in examples.split("\n")),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def run_service(args: argparse.Namespace, layout: Layout) -> int:
