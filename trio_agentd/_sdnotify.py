@@ -52,6 +52,18 @@ def notify_address(value: str) -> str:
     )
 
 
+_USEC_INFINITY: Final = 2**64 - 1  # systemd's "no limit"; never a watchdog period
+
+
+def _decimal(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _shown(value: str) -> str:
+    """A variable's value for a log line: quoted, and cut short past 40 characters."""
+    return repr(value) if len(value) <= 40 else f"{value[:40]!r}… ({len(value)} characters)"
+
+
 def watchdog_interval(usec: str | None, wd_pid: str | None, pid: int) -> float | None:
     """How often to send ``WATCHDOG=1`` (seconds): half of ``WATCHDOG_USEC``; ``None`` when
     there is no watchdog, or it is meant for another process (``WATCHDOG_PID``).
@@ -61,11 +73,14 @@ def watchdog_interval(usec: str | None, wd_pid: str | None, pid: int) -> float |
     """
     if not usec:
         return None
-    if not usec.isdigit() or int(usec) == 0:
-        raise ValueError(f"WATCHDOG_USEC={usec!r} is not a positive number of microseconds")
+    # ASCII digits only ('²'.isdigit() is true), and no more than systemd's usec_t holds (a
+    # longer number would overflow the float division)
+    if not _decimal(usec) or len(usec) > 20 or not 0 < int(usec) < _USEC_INFINITY:
+        raise ValueError(f"WATCHDOG_USEC={_shown(usec)} is not a positive number of"
+                         f" microseconds below 2^64")
     if wd_pid:
-        if not wd_pid.isdigit():
-            raise ValueError(f"WATCHDOG_PID={wd_pid!r} is not a process id")
+        if not _decimal(wd_pid) or len(wd_pid) > 19:
+            raise ValueError(f"WATCHDOG_PID={_shown(wd_pid)} is not a process id")
         if int(wd_pid) != pid:
             return None
     return int(usec) / 2 / 1_000_000

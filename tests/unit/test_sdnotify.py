@@ -86,6 +86,30 @@ def test_bad_values_are_logged_and_turn_that_part_off(caplog: pytest.LogCaptureF
     assert "WATCHDOG_USEC='x'" in caplog.text
 
 
+@pytest.mark.parametrize(("env", "says"), [
+    # a number no float holds: one line, not an OverflowError out of the daemon's start
+    ({"WATCHDOG_USEC": "9" * 400}, "WATCHDOG_USEC='9999999999999999999999999999999999999999'…"
+     " (400 characters) is not a positive number of microseconds below 2^64"),
+    ({"WATCHDOG_USEC": "1" * 5000}, "(5000 characters) is not a positive number"),  # int()'s cap
+    ({"WATCHDOG_USEC": str(2**64 - 1)}, "is not a positive number of microseconds below 2^64"),
+    # digits int() does not take ('²'.isdigit() is true)
+    ({"WATCHDOG_USEC": "²"}, "WATCHDOG_USEC='²' is not a positive number of microseconds"),
+    ({"WATCHDOG_USEC": "100", "WATCHDOG_PID": "³"}, "WATCHDOG_PID='³' is not a process id"),
+    ({"WATCHDOG_USEC": "100", "WATCHDOG_PID": "9" * 400}, "is not a process id"),
+])
+def test_garbage_watchdog_values_are_one_line_and_no_pings(
+    env: dict[str, str], says: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, "trio_agentd.supervisor"):
+        n = Notifier.from_environ({"NOTIFY_SOCKET": "/run/n", **env}, pid=7)
+    assert n.enabled
+    assert n.watchdog is None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert says in line
+    assert line.endswith("; no watchdog pings")
+    assert watchdog_interval(str(2**64 - 2), None, 7) == (2**64 - 2) / 2 / 1_000_000
+
+
 @pytest.fixture
 def receiver() -> Iterator[tuple[socket.socket, str]]:
     d = tempfile.mkdtemp(prefix="ta-sdn-", dir="/tmp")
