@@ -4,6 +4,7 @@ the Configuration table of docs/operations.md against the code's keys."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -79,6 +80,30 @@ def test_read_file_none_when_missing_and_one_line_when_not_utf8(tmp_path: Path) 
     bad.write_bytes(b'default_agent = "\xff"\n')
     with pytest.raises(ConfigError, match=r"config\.toml: not UTF-8 \(byte 17\)"):
         _config.read_file(str(bad))
+
+
+@pytest.mark.timeout(10)  # a FIFO that hangs the read fails here, not at the suite's limit
+def test_read_file_refuses_what_is_no_regular_file_without_hanging(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    os.mkfifo(path)  # a plain open() waits for a writer forever: the daemon would never start
+    with pytest.raises(ConfigError, match=r"config\.toml: a FIFO \(named pipe\), not a regular"
+                       " file — put the settings in a file there, or remove it"):
+        _config.read_file(str(path))
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ConfigError, match=r"config\.toml: a directory, not a regular file"):
+        _config.read_file(str(path))
+    path.rmdir()
+    path.symlink_to("/dev/zero")  # endless: never read past the cap, whatever it is
+    with pytest.raises(ConfigError, match=r"config\.toml: a character device, not a regular"):
+        _config.read_file(str(path))
+    path.unlink()
+    path.write_bytes(b"#" * (_config.MAX_FILE_BYTES + 1))
+    with pytest.raises(ConfigError, match=r"config\.toml: 1048577 bytes, more than a config"
+                       r" file may be \(1048576 bytes\)"):
+        _config.read_file(str(path))
+    path.write_bytes(b"#" * _config.MAX_FILE_BYTES)
+    assert _config.read_file(str(path)) == {}
 
 
 def test_config_path_follows_xdg_config_home_when_absolute() -> None:
