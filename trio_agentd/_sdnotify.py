@@ -132,6 +132,9 @@ class Notifier:
         self._last_status: str | None = None
         self._stopping = False  # then the stopping STATUS stays: no "serving …" over it
         self._failed = 0  # failures since the first one was logged
+        # one datagram at a time: two tasks waiting on a full socket at once (the self-check's
+        # WATCHDOG and the shutdown's STOPPING) would be trio's BusyResourceError
+        self._sending = trio.StrictFIFOLock()
 
     @property
     def enabled(self) -> bool:
@@ -167,11 +170,9 @@ class Notifier:
             return
         data = "\n".join(fields).encode()
         try:
-            with trio.fail_after(SD_NOTIFY_TIMEOUT):
-                if self._sender is not None:
-                    await self._sender(data)
-                else:
-                    await self._send_datagram(data)
+            with trio.fail_after(SD_NOTIFY_TIMEOUT):  # the wait for the lock included
+                async with self._sending:
+                    await self._deliver(data)
         except (OSError, trio.TooSlowError) as exc:
             self._failed += 1
             why = "timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
@@ -181,6 +182,12 @@ class Notifier:
                             self._shown(), why)
             else:
                 log.debug("sd_notify failed again (%d failures): %s", self._failed, why)
+
+    async def _deliver(self, data: bytes) -> None:
+        if self._sender is not None:
+            await self._sender(data)
+        else:
+            await self._send_datagram(data)
 
     async def _send_datagram(self, data: bytes) -> None:
         assert self.address is not None
