@@ -345,21 +345,24 @@ def _uninstall(*, systemctl: bool) -> int:
                               UNIT]])
         if rc != 0:
             return rc
-    removed = False
+    removed: list[Path] = []
     for path in (d / SERVICE_FILE, d / SOCKET_FILE):
+        if not os.path.lexists(path):
+            continue  # (an unlink would say EROFS, not ENOENT, on a read-only dir)
         try:
             path.unlink()
         except FileNotFoundError:
             continue
-        removed = True
+        removed.append(path)
         print(f"removed {path}")
     if not removed:
         print(f"no {UNIT} unit in {d}: nothing to remove")
         return 0
     if systemctl:
         return _run_systemctl([["systemctl", "--user", "daemon-reload"]])
+    units = " ".join([*([f"{UNIT}.socket"] if d / SOCKET_FILE in removed else []), UNIT])
     print("if it was enabled, stop it and let systemd forget it:")
-    print(f"  systemctl --user disable --now {UNIT} && systemctl --user daemon-reload")
+    print(f"  systemctl --user disable --now {units} && systemctl --user daemon-reload")
     print("(the supervisor stops on SIGTERM with its workers left running; `trio-agentd"
           " shutdown` stops them)")
     return 0
