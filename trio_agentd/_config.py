@@ -255,8 +255,14 @@ def from_env(environ: Mapping[str, str]) -> dict[str, tuple[object, str]]:
             out[f"timing.{field}"] = (list(checked) if isinstance(checked, tuple) else checked,
                                       ENV_TIMING)
     heal = environ.get(ENV_SELF_HEAL)
-    if heal is not None:
-        out["self_heal"] = (heal.strip().lower() not in ("0", "false", "no"), ENV_SELF_HEAL)
+    if heal is not None and heal.strip():
+        # the words the supervisor itself knows: anything else (``off``, ``maybe``) would be
+        # taken for "on" there, so it is refused here, before the supervisor starts
+        word = heal.strip().lower()
+        if word not in ("0", "false", "no", "1", "true", "yes"):
+            raise ConfigError(f"{ENV_SELF_HEAL} must be 0, false or no (off), or 1, true or yes"
+                              f" (on) (got {heal!r})")
+        out["self_heal"] = (word not in ("0", "false", "no"), ENV_SELF_HEAL)
     for name, var, least in (("logs.max_bytes", ENV_LOG_MAX_BYTES, 0),
                              ("logs.backups", ENV_LOG_BACKUPS, 1)):
         text = environ.get(var)

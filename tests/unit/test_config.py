@@ -137,11 +137,25 @@ def test_environment_beats_file_beats_default() -> None:
      "TRIO_AGENTD_TIMING: stop_grace must be a finite number of seconds >= 0 (got NaN)"),
     ({"TRIO_AGENTD_LOG_BACKUPS": "0"}, "TRIO_AGENTD_LOG_BACKUPS must be a whole number >= 1"),
     ({"TRIO_AGENTD_LOG_MAX_BYTES": "1e6"}, "TRIO_AGENTD_LOG_MAX_BYTES must be a whole number"),
+    # the supervisor would read "off" as on: refused, not silently inverted
+    ({"TRIO_AGENTD_SELF_HEAL": "off"}, "TRIO_AGENTD_SELF_HEAL must be 0, false or no (off), or"
+     " 1, true or yes (on) (got 'off')"),
+    ({"TRIO_AGENTD_SELF_HEAL": "maybe"}, "TRIO_AGENTD_SELF_HEAL must be 0, false or no"),
 ])
 def test_a_bad_variable_is_named(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         _config.resolve({}, WHERE, env)
     assert message in info.value.message
+
+
+def test_self_heal_words_the_supervisor_knows() -> None:
+    for word, on in (("0", False), (" No ", False), ("FALSE", False), ("1", True),
+                     ("yes", True), ("True", True)):
+        got = _config.resolve({}, WHERE, {"TRIO_AGENTD_SELF_HEAL": word})
+        assert got["self_heal"] == Setting("self_heal", on, "env TRIO_AGENTD_SELF_HEAL"), word
+    # set but empty: as unset
+    assert _config.resolve({}, WHERE, {"TRIO_AGENTD_SELF_HEAL": ""})["self_heal"].source == (
+        "default")
 
 
 def test_the_daemon_hands_the_files_values_on_through_the_variables_workers_read() -> None:
