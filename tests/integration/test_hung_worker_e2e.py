@@ -35,8 +35,9 @@ CLIENT_BOUND = 2.0 + 3.0  # the clients' default link_ping_interval + link_ping_
 pytestmark = pytest.mark.timeout(120)
 
 
-def _timing(deferred_rounds: int) -> str:
+def _timing(deferred_rounds: int, **more: float) -> str:
     return json.dumps({
+        **more,
         "link_ping_interval": PING_INTERVAL,
         "link_ping_timeout": PING_TIMEOUT,
         "worker_retry_delays": [0.2, 0.2, 0.2],
@@ -116,8 +117,11 @@ def test_stopped_worker_mid_turn_fails_the_waiting_prompt_and_answers_after_sigc
     extra = {"PYTHONPATH": str(REPO), "TA_FIXTURE_FILE": str(tmp_path / "runs.log"),
              "TA_FIXTURE_DELAY": str(CLIENT_BOUND + 1.5)}
     agent = "tests.fixture_agents:slow_replayable"
-    with daemon_env(extra_env={"TRIO_AGENTD_TIMING": _timing(deferred_rounds=60), **extra}
-                    ) as env:
+    # the worker tells its supervisor a turn started from a task of its own: stopped between
+    # the agent's first step and that notice, it is on an idle link to the supervisor, pinged
+    # after link_idle_ping_interval (short here) instead of PING_INTERVAL
+    timing = _timing(deferred_rounds=60, link_idle_ping_interval=1.0)
+    with daemon_env(extra_env={"TRIO_AGENTD_TIMING": timing, **extra}) as env:
         # a turn silent for longer than the client's bound is not a hung worker: it answers
         # the client's pings all along, and its prompt gets its answer
         cp = env.run("-p", "-s", "m", "--agent", agent, "warm")
@@ -140,7 +144,8 @@ def test_stopped_worker_mid_turn_fails_the_waiting_prompt_and_answers_after_sigc
                 assert out == ""
                 assert "answers nothing, not even a ping within 3s" in err, err
                 assert took < CLIENT_BOUND + 2.0, took
-                assert _state(client, "m") == "recovering"
+                wait_for(lambda: _state(client, "m") == "recovering", timeout=10,
+                         what="the supervisor to find the stopped worker")
                 assert _pid_of(env, "m") == worker
             # SIGCONT: the next reconnect reaches it; the same worker answers again
             wait_for(lambda: _state(client, "m") == "ready", timeout=30,
