@@ -257,8 +257,14 @@ def from_env(environ: Mapping[str, str]) -> dict[str, tuple[object, str]]:
             out[f"timing.{field}"] = (list(checked) if isinstance(checked, tuple) else checked,
                                       ENV_TIMING)
     heal = environ.get(ENV_SELF_HEAL)
-    if heal is not None:
-        out["self_heal"] = (heal.strip().lower() not in ("0", "false", "no"), ENV_SELF_HEAL)
+    if heal is not None and heal.strip():
+        # the words the supervisor itself knows: anything else (``off``, ``maybe``) would be
+        # taken for "on" there, so it is refused here, before the supervisor starts
+        word = heal.strip().lower()
+        if word not in ("0", "false", "no", "1", "true", "yes"):
+            raise ConfigError(f"{ENV_SELF_HEAL} must be 0, false or no (off), or 1, true or yes"
+                              f" (on) (got {heal!r})")
+        out["self_heal"] = (word not in ("0", "false", "no"), ENV_SELF_HEAL)
     for name, var, least in (("logs.max_bytes", ENV_LOG_MAX_BYTES, 0),
                              ("logs.backups", ENV_LOG_BACKUPS, 1)):
         text = environ.get(var)
@@ -372,20 +378,55 @@ def loads(text: str, where: str) -> dict[str, object]:
     return parse(doc, where)
 
 
+MAX_FILE_BYTES = 1 << 20  # a config file is a few hundred bytes; this one is something else
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
 def read_file(path: str) -> dict[str, object] | None:
     """The checked keys of the config file at ``path``; ``None`` when there is none.
 
     Raises:
         ConfigError: unreadable (naming the errno), not UTF-8, not TOML, or a bad key.
     """
+    import stat
+
     try:
-        with open(path, "rb") as f:
-            data = f.read(1 << 20)
+        # O_NONBLOCK: a FIFO in the file's place must not hang the daemon's start; only a
+        # regular file is read, and at most MAX_FILE_BYTES of it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}"
                           " — fix its permissions or remove it") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: {_file_kind(st.st_mode)}, not a regular file — put the"
+                              " settings in a file there, or remove it")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ConfigError(f"{path}: {st.st_size} bytes, more than a config file may be"
+                              f" ({MAX_FILE_BYTES} bytes) — is it the right file?")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}"
+                          " — fix its permissions or remove it") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:  # it grew meanwhile
+        raise ConfigError(f"{path}: more than a config file may be ({MAX_FILE_BYTES} bytes)"
+                          " — is it the right file?")
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:

@@ -817,7 +817,8 @@ class RealHooks:
     def kill(self, pid: int, start_id: str | None) -> bool:
         import signal
 
-        signal_identity_checked(pid, start_id, signal.SIGCONT)  # a stopped process dies at once
+        # SIGKILL alone: it ends a stopped process too, and a SIGCONT first would let a revoked
+        # supervisor run between the two signals and answer queued clients "ownership_lost"
         signal_identity_checked(pid, start_id, signal.SIGKILL)
         deadline = time.monotonic() + self.timing.kill_confirm_timeout
         while time.monotonic() < deadline:

@@ -77,6 +77,10 @@ class ListenerFacts:
     name: str | bytes | None = None  # getsockname()
     path_stat: os.stat_result | None = None  # lstat of ``expected``; None: missing
     uid: int = 0  # ours
+    # whether the fd survives exec: one a service manager passed does; one this process opened
+    # itself (Python opens everything close-on-exec), e.g. its log file on a free fd 3, does not
+    inheritable: bool = True
+    target: str | None = None  # readlink of /proc/self/fd/<fd>, for the message
 
 
 def _kind(mode: int) -> str:
@@ -94,6 +98,10 @@ def listener_problem(f: ListenerFacts) -> str | None:
            " --socket-activation` writes one)")
     if f.fd_mode is None:
         return f"LISTEN_FDS=1 but fd {f.fd} is not open — {fix}"
+    if not f.inheritable:
+        what = f" (fd {f.fd} is its own {f.target})" if f.target else ""
+        return (f"LISTEN_FDS=1 but no fd {f.fd} was passed to the daemon{what} — start it from"
+                f" a .socket unit, or unset LISTEN_PID and LISTEN_FDS; {fix}")
     if not stat.S_ISSOCK(f.fd_mode):
         return f"fd {f.fd} is {_kind(f.fd_mode)}, not a socket — {fix}"
     if f.family != socket.AF_UNIX:
@@ -167,10 +175,16 @@ def take_listener(
 def _facts(fd: int, expected: str) -> ListenerFacts:
     try:
         fd_mode = os.fstat(fd).st_mode
+        inheritable = os.get_inheritable(fd)
     except OSError:
         return ListenerFacts(fd=fd, expected=expected, fd_mode=None, uid=os.getuid())
-    if not stat.S_ISSOCK(fd_mode):
-        return ListenerFacts(fd=fd, expected=expected, fd_mode=fd_mode, uid=os.getuid())
+    if not inheritable or not stat.S_ISSOCK(fd_mode):
+        try:
+            target: str | None = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = None
+        return ListenerFacts(fd=fd, expected=expected, fd_mode=fd_mode, uid=os.getuid(),
+                             inheritable=inheritable, target=target)
     # a socket object that does not own the fd: dup, inspect, close the dup
     probe = socket.socket(fileno=os.dup(fd))
     try:

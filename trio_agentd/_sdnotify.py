@@ -52,6 +52,18 @@ def notify_address(value: str) -> str:
     )
 
 
+_USEC_INFINITY: Final = 2**64 - 1  # systemd's "no limit"; never a watchdog period
+
+
+def _decimal(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _shown(value: str) -> str:
+    """A variable's value for a log line: quoted, and cut short past 40 characters."""
+    return repr(value) if len(value) <= 40 else f"{value[:40]!r}… ({len(value)} characters)"
+
+
 def watchdog_interval(usec: str | None, wd_pid: str | None, pid: int) -> float | None:
     """How often to send ``WATCHDOG=1`` (seconds): half of ``WATCHDOG_USEC``; ``None`` when
     there is no watchdog, or it is meant for another process (``WATCHDOG_PID``).
@@ -61,11 +73,14 @@ def watchdog_interval(usec: str | None, wd_pid: str | None, pid: int) -> float |
     """
     if not usec:
         return None
-    if not usec.isdigit() or int(usec) == 0:
-        raise ValueError(f"WATCHDOG_USEC={usec!r} is not a positive number of microseconds")
+    # ASCII digits only ('²'.isdigit() is true), and no more than systemd's usec_t holds (a
+    # longer number would overflow the float division)
+    if not _decimal(usec) or len(usec) > 20 or not 0 < int(usec) < _USEC_INFINITY:
+        raise ValueError(f"WATCHDOG_USEC={_shown(usec)} is not a positive number of"
+                         f" microseconds below 2^64")
     if wd_pid:
-        if not wd_pid.isdigit():
-            raise ValueError(f"WATCHDOG_PID={wd_pid!r} is not a process id")
+        if not _decimal(wd_pid) or len(wd_pid) > 19:
+            raise ValueError(f"WATCHDOG_PID={_shown(wd_pid)} is not a process id")
         if int(wd_pid) != pid:
             return None
     return int(usec) / 2 / 1_000_000
@@ -117,6 +132,9 @@ class Notifier:
         self._last_status: str | None = None
         self._stopping = False  # then the stopping STATUS stays: no "serving …" over it
         self._failed = 0  # failures since the first one was logged
+        # one datagram at a time: two tasks waiting on a full socket at once (the self-check's
+        # WATCHDOG and the shutdown's STOPPING) would be trio's BusyResourceError
+        self._sending = trio.StrictFIFOLock()
 
     @property
     def enabled(self) -> bool:
@@ -152,11 +170,9 @@ class Notifier:
             return
         data = "\n".join(fields).encode()
         try:
-            with trio.fail_after(SD_NOTIFY_TIMEOUT):
-                if self._sender is not None:
-                    await self._sender(data)
-                else:
-                    await self._send_datagram(data)
+            with trio.fail_after(SD_NOTIFY_TIMEOUT):  # the wait for the lock included
+                async with self._sending:
+                    await self._deliver(data)
         except (OSError, trio.TooSlowError) as exc:
             self._failed += 1
             why = "timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
@@ -166,6 +182,12 @@ class Notifier:
                             self._shown(), why)
             else:
                 log.debug("sd_notify failed again (%d failures): %s", self._failed, why)
+
+    async def _deliver(self, data: bytes) -> None:
+        if self._sender is not None:
+            await self._sender(data)
+        else:
+            await self._send_datagram(data)
 
     async def _send_datagram(self, data: bytes) -> None:
         assert self.address is not None

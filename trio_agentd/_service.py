@@ -221,17 +221,51 @@ def add_service_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     )
     ssub = sv.add_subparsers(dest="service_command", metavar="ACTION")
     ssub.required = True
-    ins = ssub.add_parser("install", help="write the unit file(s) and say what to run next")
+    ins = _action(
+        ssub, "install", "write the unit file(s) and say what to run next",
+        "Write trio-agentd.service (and with --socket-activation trio-agentd.socket) for this"
+        " installation's Python, socket, home and registry, then print the systemctl and"
+        " loginctl commands that enable it. An existing file is rewritten: put your own"
+        " settings in a drop-in (systemctl --user edit trio-agentd).",
+        "trio-agentd service install\n"
+        "trio-agentd service install --socket-activation\n"
+        "trio-agentd service install --systemctl   # and daemon-reload, enable --now",
+    )
     ins.add_argument("--socket-activation", action="store_true",
                      help="also write trio-agentd.socket: systemd listens, and starts the"
                      " supervisor when a client connects")
     ins.add_argument("--systemctl", action="store_true",
                      help="then run systemctl --user daemon-reload and enable --now")
-    un = ssub.add_parser("uninstall", help="remove the unit file(s)")
+    un = _action(
+        ssub, "uninstall", "remove the unit file(s)",
+        "Remove trio-agentd.service and trio-agentd.socket. Disable the unit first (or pass"
+        " --systemctl, which runs systemctl --user disable --now before and daemon-reload"
+        " after): a running supervisor is not stopped by removing its file.",
+        "trio-agentd service uninstall --systemctl\n"
+        "systemctl --user disable --now trio-agentd && trio-agentd service uninstall",
+    )
     un.add_argument("--systemctl", action="store_true",
                     help="first run systemctl --user disable --now, then daemon-reload")
-    ssub.add_parser("status", help="whether the unit file(s) exist and are current (exit 1 if"
-                    " not)")
+    _action(
+        ssub, "status", "whether the unit file(s) exist and are current (exit 1 if not)",
+        "Compare each unit file with what install would write now: exit 0 when every file"
+        " is installed and current, 1 when one is missing or differs (another Python, socket,"
+        " home or registry, or an edit by hand).",
+        "trio-agentd service status\n"
+        "trio-agentd service status || trio-agentd service install",
+    )
+
+
+def _action(ssub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str,
+            description: str, examples: str) -> argparse.ArgumentParser:
+    """One ``service`` action, its help with a description and examples, as every command's."""
+    import textwrap
+
+    return ssub.add_parser(
+        name, help=help, description=textwrap.fill(description, 92),
+        epilog="examples:\n" + "\n".join(f"  {line}" for line in examples.split("\n")),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def run_service(args: argparse.Namespace, layout: Layout) -> int:
@@ -311,21 +345,24 @@ def _uninstall(*, systemctl: bool) -> int:
                               UNIT]])
         if rc != 0:
             return rc
-    removed = False
+    removed: list[Path] = []
     for path in (d / SERVICE_FILE, d / SOCKET_FILE):
+        if not os.path.lexists(path):
+            continue  # (an unlink would say EROFS, not ENOENT, on a read-only dir)
         try:
             path.unlink()
         except FileNotFoundError:
             continue
-        removed = True
+        removed.append(path)
         print(f"removed {path}")
     if not removed:
         print(f"no {UNIT} unit in {d}: nothing to remove")
         return 0
     if systemctl:
         return _run_systemctl([["systemctl", "--user", "daemon-reload"]])
+    units = " ".join([*([f"{UNIT}.socket"] if d / SOCKET_FILE in removed else []), UNIT])
     print("if it was enabled, stop it and let systemd forget it:")
-    print(f"  systemctl --user disable --now {UNIT} && systemctl --user daemon-reload")
+    print(f"  systemctl --user disable --now {units} && systemctl --user daemon-reload")
     print("(the supervisor stops on SIGTERM with its workers left running; `trio-agentd"
           " shutdown` stops them)")
     return 0

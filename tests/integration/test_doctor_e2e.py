@@ -6,6 +6,8 @@ import json
 import os
 import signal
 
+import pytest
+
 from .harness import DaemonEnv, daemon_env, wait_for
 
 FOOTER = ('! {sock}: supervisor lost its ownership record — run "trio-agentd doctor --fix" to'
@@ -74,6 +76,39 @@ def test_sigstopped_supervisor_is_unreachable_and_doctor_fix_replaces_it(denv: D
         wait_for(lambda: pid not in denv.our_pids(), timeout=5, what="the stopped one to die")
         assert denv.prompt("two", session="s") == "[echo turn 2] two"
         assert denv.owner()["pid"] != pid
+    finally:
+        if pid in denv.our_pids():
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_doctor_kills_a_stopped_supervisor_without_letting_it_run_again(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The repair's kill never resumes what it kills: a revoked supervisor that ran for a
+    moment between a SIGCONT and the SIGKILL (a loaded machine gives it that moment) would
+    answer the clients queued on it "ownership_lost" instead of leaving them to its
+    successor."""
+    from trio_agentd import _doctor
+    from trio_agentd._identity import read_start_id, signal_identity_checked
+    from trio_agentd._paths import Layout
+
+    denv.prompt("one", session="s")
+    pid = denv.owner()["pid"]
+    start_id = read_start_id(pid)
+    sent: list[int] = []
+
+    def recording(p: int, sid: str | None, sig: int) -> bool:
+        sent.append(sig)
+        return signal_identity_checked(p, sid, sig)
+
+    monkeypatch.setattr(_doctor, "signal_identity_checked", recording)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        hooks = _doctor.RealHooks(Layout(home=denv.home, socket=denv.socket,
+                                         registry=denv.registry))
+        assert hooks.kill(pid, start_id) is True
+        assert sent == [signal.SIGKILL]
+        assert pid not in denv.our_pids()
     finally:
         if pid in denv.our_pids():
             os.kill(pid, signal.SIGCONT)

@@ -30,20 +30,16 @@ from .harness import DaemonEnv, daemon_env, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 PING_INTERVAL, PING_TIMEOUT = 0.2, 0.5  # the supervisor's
-# a worker stopped before its turn notice reached the supervisor looks idle to it (the CLI's
-# cached route never asked the supervisor): it is found by the idle ping, within
-# IDLE_PING_INTERVAL + PING_TIMEOUT of its last sign of life
-IDLE_PING_INTERVAL = 1.0
 CLIENT_BOUND = 2.0 + 3.0  # the clients' default link_ping_interval + link_ping_timeout
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _timing(deferred_rounds: int) -> str:
+def _timing(deferred_rounds: int, **more: float) -> str:
     return json.dumps({
+        **more,
         "link_ping_interval": PING_INTERVAL,
         "link_ping_timeout": PING_TIMEOUT,
-        "link_idle_ping_interval": IDLE_PING_INTERVAL,
         "worker_retry_delays": [0.2, 0.2, 0.2],
         "adopt_connect_timeout": 0.3,
         "deferred_recovery_recheck": 0.5,
@@ -121,8 +117,11 @@ def test_stopped_worker_mid_turn_fails_the_waiting_prompt_and_answers_after_sigc
     extra = {"PYTHONPATH": str(REPO), "TA_FIXTURE_FILE": str(tmp_path / "runs.log"),
              "TA_FIXTURE_DELAY": str(CLIENT_BOUND + 1.5)}
     agent = "tests.fixture_agents:slow_replayable"
-    with daemon_env(extra_env={"TRIO_AGENTD_TIMING": _timing(deferred_rounds=60), **extra}
-                    ) as env:
+    # the worker tells its supervisor a turn started from a task of its own: stopped between
+    # the agent's first step and that notice, it is on an idle link to the supervisor, pinged
+    # after link_idle_ping_interval (short here) instead of PING_INTERVAL
+    timing = _timing(deferred_rounds=60, link_idle_ping_interval=1.0)
+    with daemon_env(extra_env={"TRIO_AGENTD_TIMING": timing, **extra}) as env:
         # a turn silent for longer than the client's bound is not a hung worker: it answers
         # the client's pings all along, and its prompt gets its answer
         cp = env.run("-p", "-s", "m", "--agent", agent, "warm")
@@ -145,9 +144,7 @@ def test_stopped_worker_mid_turn_fails_the_waiting_prompt_and_answers_after_sigc
                 assert out == ""
                 assert "answers nothing, not even a ping within 3s" in err, err
                 assert took < CLIENT_BOUND + 2.0, took
-                # the supervisor finds it too, by the turn's ping or, if the turn's notice never
-                # reached it, by the idle ping: within its bound, not necessarily before the client
-                wait_for(lambda: _state(client, "m") == "recovering", timeout=15,
+                wait_for(lambda: _state(client, "m") == "recovering", timeout=10,
                          what="the supervisor to find the stopped worker")
                 assert _pid_of(env, "m") == worker
             # SIGCONT: the next reconnect reaches it; the same worker answers again

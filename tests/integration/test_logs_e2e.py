@@ -3,6 +3,7 @@ CLI against real supervisors and workers."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -190,13 +191,25 @@ def test_logs_and_transcripts_rotate_with_small_limits(denv: DaemonEnv) -> None:
     # worker.log: each ignored signal is a line; it rotates, stderr follows it
     pid = json.loads(denv.run("sessions", "--json").stdout)[0]["pid"]
 
-    def lines() -> int:
-        return sum(p.read_text().count("signal SIGUSR1") for p in session_dir.glob("worker.log*"))
+    def newest() -> tuple[int, int]:
+        """worker.log's inode and its SIGUSR1 lines (0, 0 while a rotation has none yet)."""
+        try:
+            with open(session_dir / "worker.log") as f:
+                return os.fstat(f.fileno()).st_ino, f.read().count("signal SIGUSR1")
+        except FileNotFoundError:
+            return 0, 0
 
-    for sent in range(1, 13):  # one at a time: pending signals of one kind merge
+    def logged_since(before: tuple[int, int]) -> bool:
+        now = newest()
+        return now[0] not in (0, before[0]) or now[1] > before[1]
+
+    for _ in range(12):
+        # one at a time, each logged before the next is sent: pending signals of one kind
+        # merge (a loaded machine may not run the worker between two kills), and older lines
+        # go with the oldest file, so the newest file is what shows this one was logged
+        before = newest()
         os.kill(pid, signal.SIGUSR1)
-        want = min(sent, 6)  # the oldest lines go with the oldest file
-        wait_for(lambda: lines() >= want, timeout=20, what="the log line")  # noqa: B023
+        wait_for(functools.partial(logged_since, before), timeout=20, what="the log line")
     assert (session_dir / "worker.log.2").exists()
     assert not (session_dir / "worker.log.3").exists()
     for name in ("worker.log", "worker.log.1", "worker.log.2"):

@@ -226,6 +226,24 @@ def test_socket_activation_refuses_a_regular_file(denv: DaemonEnv) -> None:
     assert not os.path.lexists(denv.socket)
 
 
+def test_socket_activation_without_a_passed_fd_says_none_was_passed(denv: DaemonEnv) -> None:
+    # LISTEN_PID and LISTEN_FDS set, fd 3 closed: the daemon's own log file takes fd 3 before
+    # the listener is looked for, and is no socket a service manager passed
+    argv = denv.argv("daemon")
+    p = subprocess.Popen(
+        [argv[0], "-c", "import os, sys\nos.environ.update(LISTEN_PID=str(os.getpid()),"
+         " LISTEN_FDS='1')\nos.execv(sys.argv[1], sys.argv[1:])", *argv], env=denv.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )
+    denv.procs.append(p)
+    line = _refused(p)
+    assert line.startswith("trio-agentd: error: socket activation: LISTEN_FDS=1 but no fd 3 was"
+                           " passed to the daemon (fd 3 is its own "), line
+    assert "daemon.log) — start it from a .socket unit, or unset LISTEN_PID and LISTEN_FDS" in line
+    assert denv.owner_records() == []
+    assert not os.path.lexists(denv.socket)
+
+
 def test_socket_activation_refuses_a_socket_on_another_path(denv: DaemonEnv) -> None:
     other = denv.socket_at("other.sock")
     s = _listening_unix(other)

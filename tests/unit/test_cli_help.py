@@ -18,14 +18,23 @@ from trio_agentd import cli
 from trio_agentd._version import PROTOCOL_VERSION
 
 
-def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    for action in cli._parser()._actions:
+def _choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
-    raise AssertionError("no subcommands")
+    return {}
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    found = _choices(cli._parser())
+    assert found, "no subcommands"
+    return found
 
 
 SUBPARSERS = _subparsers()
+# a command's own actions (``service install``) are subcommands too, each with its own help
+NESTED = {f"{name} {action}": sub for name, parser in SUBPARSERS.items()
+          for action, sub in _choices(parser).items()}
 
 
 def test_version_names_the_installed_package_and_the_protocol(
@@ -77,9 +86,9 @@ def test_a_bare_command_prints_the_overview_and_exits_0(
     assert examples[1].strip().startswith("trio-agentd -p -s build --agent shell")
 
 
-@pytest.mark.parametrize("name", sorted(SUBPARSERS))
+@pytest.mark.parametrize("name", sorted({**SUBPARSERS, **NESTED}))
 def test_every_subcommand_has_a_description_and_an_example(name: str) -> None:
-    sub = SUBPARSERS[name]
+    sub = {**SUBPARSERS, **NESTED}[name]
     assert len(sub.description or "") > 40, name
     epilog = sub.epilog or ""
     examples = epilog.split("examples:\n", 1)[1].split("\n\n", 1)[0]

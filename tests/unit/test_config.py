@@ -4,6 +4,7 @@ the Configuration table of docs/operations.md against the code's keys."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -81,6 +82,30 @@ def test_read_file_none_when_missing_and_one_line_when_not_utf8(tmp_path: Path) 
         _config.read_file(str(bad))
 
 
+@pytest.mark.timeout(10)  # a FIFO that hangs the read fails here, not at the suite's limit
+def test_read_file_refuses_what_is_no_regular_file_without_hanging(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    os.mkfifo(path)  # a plain open() waits for a writer forever: the daemon would never start
+    with pytest.raises(ConfigError, match=r"config\.toml: a FIFO \(named pipe\), not a regular"
+                       " file — put the settings in a file there, or remove it"):
+        _config.read_file(str(path))
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ConfigError, match=r"config\.toml: a directory, not a regular file"):
+        _config.read_file(str(path))
+    path.rmdir()
+    path.symlink_to("/dev/zero")  # endless: never read past the cap, whatever it is
+    with pytest.raises(ConfigError, match=r"config\.toml: a character device, not a regular"):
+        _config.read_file(str(path))
+    path.unlink()
+    path.write_bytes(b"#" * (_config.MAX_FILE_BYTES + 1))
+    with pytest.raises(ConfigError, match=r"config\.toml: 1048577 bytes, more than a config"
+                       r" file may be \(1048576 bytes\)"):
+        _config.read_file(str(path))
+    path.write_bytes(b"#" * _config.MAX_FILE_BYTES)
+    assert _config.read_file(str(path)) == {}
+
+
 def test_config_path_follows_xdg_config_home_when_absolute() -> None:
     assert _config.config_path({"XDG_CONFIG_HOME": "/x/cfg"}) == "/x/cfg/trio-agentd/config.toml"
     for env in ({}, {"XDG_CONFIG_HOME": ""}, {"XDG_CONFIG_HOME": "rel/dir"}):
@@ -112,11 +137,25 @@ def test_environment_beats_file_beats_default() -> None:
      "TRIO_AGENTD_TIMING: stop_grace must be a finite number of seconds >= 0 (got NaN)"),
     ({"TRIO_AGENTD_LOG_BACKUPS": "0"}, "TRIO_AGENTD_LOG_BACKUPS must be a whole number >= 1"),
     ({"TRIO_AGENTD_LOG_MAX_BYTES": "1e6"}, "TRIO_AGENTD_LOG_MAX_BYTES must be a whole number"),
+    # the supervisor would read "off" as on: refused, not silently inverted
+    ({"TRIO_AGENTD_SELF_HEAL": "off"}, "TRIO_AGENTD_SELF_HEAL must be 0, false or no (off), or"
+     " 1, true or yes (on) (got 'off')"),
+    ({"TRIO_AGENTD_SELF_HEAL": "maybe"}, "TRIO_AGENTD_SELF_HEAL must be 0, false or no"),
 ])
 def test_a_bad_variable_is_named(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         _config.resolve({}, WHERE, env)
     assert message in info.value.message
+
+
+def test_self_heal_words_the_supervisor_knows() -> None:
+    for word, on in (("0", False), (" No ", False), ("FALSE", False), ("1", True),
+                     ("yes", True), ("True", True)):
+        got = _config.resolve({}, WHERE, {"TRIO_AGENTD_SELF_HEAL": word})
+        assert got["self_heal"] == Setting("self_heal", on, "env TRIO_AGENTD_SELF_HEAL"), word
+    # set but empty: as unset
+    assert _config.resolve({}, WHERE, {"TRIO_AGENTD_SELF_HEAL": ""})["self_heal"].source == (
+        "default")
 
 
 def test_the_daemon_hands_the_files_values_on_through_the_variables_workers_read() -> None:

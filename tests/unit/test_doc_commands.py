@@ -154,6 +154,10 @@ def _help_examples() -> list[tuple[str, list[str]]]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             parsers += sorted(action.choices.items())
+    for name, sub in list(parsers[1:]):  # a command's own actions: ``service install``
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += [(f"{name} {a}", p) for a, p in sorted(action.choices.items())]
     found: list[tuple[str, list[str]]] = []
     for name, sub in parsers:
         epilog = sub.epilog or ""

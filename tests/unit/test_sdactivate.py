@@ -50,6 +50,8 @@ def _with(**kw: object) -> ListenerFacts:
 
 @pytest.mark.parametrize(("facts", "says"), [
     (_with(fd_mode=None), "fd 3 is not open"),
+    (_with(inheritable=False, target="/h/daemon.log"), "no fd 3 was passed to the daemon (fd 3"
+     " is its own /h/daemon.log)"),
     (_with(fd_mode=stat.S_IFREG | 0o600), "fd 3 is a regular file, not a socket"),
     (_with(fd_mode=stat.S_IFIFO | 0o600), "fd 3 is a pipe, not a socket"),
     (_with(family=socket.AF_INET), "fd 3 is a TCP/IP (AF_INET) socket, not a Unix socket"),
@@ -127,13 +129,36 @@ def test_take_listener_refuses_a_tcp_socket_and_a_file(sockdir: Path) -> None:
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.bind(("127.0.0.1", 0))
     tcp.listen(1)
+    os.set_inheritable(tcp.fileno(), True)  # as passed through exec
     try:
         with pytest.raises(AgentdError, match="TCP/IP"):
             take_listener(_env(), str(sockdir / "d.sock"), fd=tcp.fileno())
     finally:
         tcp.close()
-    with open(sockdir / "f", "w") as f, pytest.raises(AgentdError, match="regular file"):
-        take_listener(_env(), str(sockdir / "d.sock"), fd=f.fileno())
+    with open(sockdir / "f", "w") as f:
+        os.set_inheritable(f.fileno(), True)
+        with pytest.raises(AgentdError, match="regular file"):
+            take_listener(_env(), str(sockdir / "d.sock"), fd=f.fileno())
+
+
+def test_take_listener_knows_an_fd_it_opened_itself_was_not_passed(sockdir: Path) -> None:
+    """LISTEN_FDS set but no fd passed: the daemon's own files take the free fd (its log,
+    close-on-exec as everything Python opens); that is no socket from a service manager."""
+    with open(sockdir / "daemon.log", "w") as f:
+        fd = f.fileno()
+        with pytest.raises(AgentdError) as caught:
+            take_listener(_env(), str(sockdir / "d.sock"), fd=fd)
+    assert caught.value.message.startswith(
+        f"socket activation: LISTEN_FDS=1 but no fd {fd} was passed to the daemon (fd {fd} is"
+        f" its own {sockdir / 'daemon.log'}) — start it from a .socket unit, or unset LISTEN_PID"
+        " and LISTEN_FDS")
+    # a socket it made itself is no more passed than a file
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(AgentdError, match="was passed to the daemon"):
+            take_listener(_env(), str(sockdir / "d.sock"), fd=s.fileno())
+    finally:
+        s.close()
 
 
 def test_take_listener_refuses_a_socket_dir_others_may_enter(sockdir: Path) -> None:
@@ -142,6 +167,7 @@ def test_take_listener_refuses_a_socket_dir_others_may_enter(sockdir: Path) -> N
     s.bind(path)
     os.chmod(path, 0o600)
     s.listen(1)
+    os.set_inheritable(s.fileno(), True)
     os.chmod(sockdir, 0o755)
     try:
         with pytest.raises(AgentdError, match="not 0700"):

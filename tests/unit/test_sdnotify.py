@@ -3,6 +3,7 @@ binds, by path and abstract)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from trio_agentd._sdnotify import (
     Notifier,
@@ -19,6 +21,7 @@ from trio_agentd._sdnotify import (
     status_text,
     watchdog_interval,
 )
+from trio_agentd.timing import SD_NOTIFY_TIMEOUT
 
 
 def test_notify_address_paths_and_abstract_sockets() -> None:
@@ -86,6 +89,30 @@ def test_bad_values_are_logged_and_turn_that_part_off(caplog: pytest.LogCaptureF
     assert "WATCHDOG_USEC='x'" in caplog.text
 
 
+@pytest.mark.parametrize(("env", "says"), [
+    # a number no float holds: one line, not an OverflowError out of the daemon's start
+    ({"WATCHDOG_USEC": "9" * 400}, "WATCHDOG_USEC='9999999999999999999999999999999999999999'…"
+     " (400 characters) is not a positive number of microseconds below 2^64"),
+    ({"WATCHDOG_USEC": "1" * 5000}, "(5000 characters) is not a positive number"),  # int()'s cap
+    ({"WATCHDOG_USEC": str(2**64 - 1)}, "is not a positive number of microseconds below 2^64"),
+    # digits int() does not take ('²'.isdigit() is true)
+    ({"WATCHDOG_USEC": "²"}, "WATCHDOG_USEC='²' is not a positive number of microseconds"),
+    ({"WATCHDOG_USEC": "100", "WATCHDOG_PID": "³"}, "WATCHDOG_PID='³' is not a process id"),
+    ({"WATCHDOG_USEC": "100", "WATCHDOG_PID": "9" * 400}, "is not a process id"),
+])
+def test_garbage_watchdog_values_are_one_line_and_no_pings(
+    env: dict[str, str], says: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, "trio_agentd.supervisor"):
+        n = Notifier.from_environ({"NOTIFY_SOCKET": "/run/n", **env}, pid=7)
+    assert n.enabled
+    assert n.watchdog is None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert says in line
+    assert line.endswith("; no watchdog pings")
+    assert watchdog_interval(str(2**64 - 2), None, 7) == (2**64 - 2) / 2 / 1_000_000
+
+
 @pytest.fixture
 def receiver() -> Iterator[tuple[socket.socket, str]]:
     d = tempfile.mkdtemp(prefix="ta-sdn-", dir="/tmp")
@@ -132,6 +159,37 @@ async def test_messages_reach_an_abstract_socket() -> None:
         assert s.recv(4096) == b"WATCHDOG=1"
     finally:
         s.close()
+
+
+async def test_sends_at_once_on_a_full_socket_fail_quietly_one_after_the_other(
+    receiver: tuple[socket.socket, str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A service manager that reads nothing: the self-check's WATCHDOG=1 waits on the full
+    socket when the shutdown's STOPPING=1 comes. Both fail within SD_NOTIFY_TIMEOUT, logged;
+    neither raises (two waits on one socket were trio's BusyResourceError, out of the
+    supervisor's shutdown)."""
+    _, path = receiver
+    n = Notifier(path, watchdog=None)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as filler:
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            for _ in range(1_000_000):
+                filler.sendto(b"x" * 1024, path)
+        start = trio.current_time()
+        try:
+            with caplog.at_level(logging.DEBUG, "trio_agentd.supervisor"):
+                async with trio.open_nursery() as nursery:
+                    # both find the socket full in the same scheduling round
+                    nursery.start_soon(n.send, "WATCHDOG=1")
+                    nursery.start_soon(n.stopping, "stopping: stopping the workers")
+        finally:
+            n.close()
+    # the second waited for the first within its own SD_NOTIFY_TIMEOUT
+    assert trio.current_time() - start < 2 * SD_NOTIFY_TIMEOUT
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "failed (timed out)" in warnings[0]
+    assert "2 failures" in caplog.text
 
 
 async def test_a_failure_to_notify_is_logged_once_and_not_raised(

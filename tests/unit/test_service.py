@@ -4,6 +4,7 @@ XDG_CONFIG_HOME (systemctl is never run unless a test puts a fake one on PATH)."
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shlex
 import stat
@@ -142,10 +143,23 @@ def test_uninstall_removes_both_and_is_quiet_when_nothing_is_there(
     out = capsys.readouterr().out
     assert f"removed {units / 'trio-agentd.service'}" in out
     assert f"removed {units / 'trio-agentd.socket'}" in out
-    assert "systemctl --user disable --now trio-agentd" in out
+    # both units: an enabled socket unit would go on listening
+    assert "systemctl --user disable --now trio-agentd.socket trio-agentd &&" in out
     assert list(units.iterdir()) == []
     assert service(layout, "uninstall") == 0
     assert "nothing to remove" in capsys.readouterr().out
+
+
+def test_uninstall_of_nothing_on_a_read_only_dir_says_nothing_to_remove(
+    layout: Layout, units: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def read_only(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))  # what Linux says
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    assert service(layout, "uninstall") == 0
+    assert capsys.readouterr().out == f"no trio-agentd unit in {units}: nothing to remove\n"
 
 
 def test_unit_dir_honours_an_absolute_xdg_config_home_only() -> None:
