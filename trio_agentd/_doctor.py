@@ -29,10 +29,11 @@ from ._doctor_plan import (
     scan_reason,
 )
 from ._errors import AgentdError, ErrorCode
-from ._identity import Liveness, liveness, read_start_id, signal_identity_checked
+from ._identity import liveness, read_start_id, signal_identity_checked
 from ._ownership import CorruptRecord, OwnerRecord, Scope
 from ._paths import Layout, default_socket_dir, normalize_socket_path, socket_key
 from ._plain import Frozen, Plain
+from ._procstate import Liveness
 from ._trust import prove_peer, prove_socket_dir
 from ._version import APP_VERSION, PROTOCOL_VERSION
 

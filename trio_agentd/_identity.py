@@ -9,11 +9,11 @@ whose identity cannot be read counts as alive but is never signalled.
 
 from __future__ import annotations
 
-import enum
 import os
 import sys
 
 from ._plain import Frozen
+from ._procstate import Liveness as Liveness
 
 _boot_id: str | None = None
 
@@ -104,12 +104,6 @@ def own_start_id() -> str:
     sid = read_start_id(os.getpid())
     assert sid is not None
     return sid
-
-
-class Liveness(enum.Enum):
-    ALIVE = "alive"
-    DEAD = "dead"
-    UNKNOWN = "unknown"  # exists but identity unreadable: counts as alive, never signalled
 
 
 def liveness(pid: int, start_id: str | None) -> Liveness:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import enum
 import json
 
-from ._identity import Liveness
 from ._plain import Frozen, replace
+from ._procstate import Liveness
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:

@@ -1035,8 +1035,9 @@ def _hand_over_now(layout: Layout, old: dict[str, Any], *, as_json: bool) -> int
 def _cmd_ps(layout: Layout, args: argparse.Namespace) -> int:
     from ._doctor import survey
     from ._report import print_table
+    from ._trust import home_problem
 
-    if (problem := layout.home_problem()) is not None:
+    if (problem := home_problem(layout)) is not None:
         raise problem  # it could not look: not "no supervisor found" and exit 0
 
     found = survey(layout)
@@ -1049,8 +1050,9 @@ def _cmd_ps(layout: Layout, args: argparse.Namespace) -> int:
 
 def _cmd_doctor(layout: Layout, args: argparse.Namespace) -> int:
     from ._report import run_doctor
+    from ._trust import home_problem
 
-    if (problem := layout.home_problem()) is not None:
+    if (problem := home_problem(layout)) is not None:
         raise problem  # it could not look: not "nothing found" and exit 0
     return run_doctor(layout, fix=args.fix and not args.dry_run, dry_run=args.dry_run,
                       as_json=args.json)
