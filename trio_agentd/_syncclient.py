@@ -13,7 +13,7 @@ import os
 import time
 
 from ._defaults import CLIENT, ClientTiming
-from ._errors import AgentdError, ErrorCode
+from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import Layout, check_socket_path
 from ._syncconn import _await_response as _await_response
 from ._syncconn import _Conn as _Conn
@@ -23,6 +23,8 @@ from ._syncconn import _Lost as _Lost
 from ._syncconn import probe as probe
 from ._trust import prove_peer, prove_socket_dir
 from ._version import APP_VERSION, PROTOCOL_VERSION
+from ._wirerules import CREATING_OPS as CREATING_OPS
+from ._wirerules import REROUTE, RETRY_FOR, RETRYABLE
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
@@ -32,15 +34,6 @@ if TYPE_CHECKING:
     from .timing import Timing
 
 
-RETRY_FOR = 60.0  # seconds a command keeps being resent across lost connections
-# errors that mean "this supervisor is going away": reconnect and resend
-_RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
-# a direct route that fails with these goes back to the supervisor for a new one
-_REROUTE = frozenset({ErrorCode.WORKER_UNAVAILABLE, ErrorCode.GRANT_REFUSED})
-
-
-# ops that may create a session: they carry the creating client's cwd and environment
-CREATING_OPS = frozenset({"prompt", "create_session", "route"})
 
 
 def creator_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -170,9 +163,7 @@ class SyncClient:
             self.trace(f"autostart: not needed, supervisor pid {got[1].get('pid')} found"
                        " running")
         if got is None:
-            raise AgentdError(
-                ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor is running on {self.layout.socket}"
-            )
+            raise NoSupervisor(f"no supervisor is running on {self.layout.socket}")
         hello = got[1]
         if self.autostart and (
             hello.get("app_version") != APP_VERSION or hello.get("protocol") != PROTOCOL_VERSION
@@ -272,7 +263,7 @@ class SyncClient:
                     ) from None
             except AgentdError as exc:
                 if (
-                    exc.code not in _RETRYABLE
+                    exc.code not in RETRYABLE
                     or exc.details.get("wedged")
                     or time.monotonic() + delay > deadline
                 ):
@@ -355,7 +346,7 @@ class SyncClient:
             except (OSError, _Lost) as exc:
                 error: Exception = exc
             except AgentdError as exc:
-                if exc.code not in _REROUTE:
+                if exc.code not in REROUTE:
                     raise
                 error = exc
             finally:

@@ -16,6 +16,7 @@ from ._defaults import CLIENT, ClientTiming
 from ._depth import MAX_DEPTH, nesting_depth
 from ._errors import AgentdError, ErrorCode
 from ._trust import prove_peer, prove_socket_dir
+from ._wirerules import MAX_FRAME
 from ._wirestr import TAG_IN_FRAME, from_wire, to_wire
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from ._paths import Layout
     from .timing import Timing
 
-
-MAX_FRAME = 1 << 20
 
 
 class _Lost(Exception):

@@ -17,7 +17,7 @@ import os
 import stat
 import sys
 
-from ._errors import AgentdError, ErrorCode
+from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import FIX_HOME
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
@@ -81,9 +81,7 @@ def prove_socket_dir(path: str) -> None:
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
-        raise AgentdError(
-            ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor is running on {path} (no such directory)"
-        ) from None
+        raise NoSupervisor(f"no supervisor is running on {path} (no such directory)") from None
     problem = dir_problem(st, os.getuid(), private=True)
     if problem is not None:
         raise _refuse(

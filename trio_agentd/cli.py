@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from ._errors import AgentdError, ErrorCode
+from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import Layout
 from ._sessionid import SESSION_ID_RULE, is_session_id
 
@@ -1054,8 +1054,9 @@ def _cmd_doctor(layout: Layout, args: argparse.Namespace) -> int:
 
     if (problem := home_problem(layout)) is not None:
         raise problem  # it could not look: not "nothing found" and exit 0
-    return run_doctor(layout, fix=args.fix and not args.dry_run, dry_run=args.dry_run,
-                      as_json=args.json)
+    unfixed = run_doctor(layout, fix=args.fix and not args.dry_run, dry_run=args.dry_run,
+                         as_json=args.json)
+    return EXIT_DOCTOR if unfixed else EXIT_OK
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -1117,10 +1118,8 @@ def _client_or_none(layout: Layout) -> Any:
     client.trace = _trace
     try:
         client.connect()
-    except AgentdError as exc:
-        if exc.code == ErrorCode.DAEMON_UNAVAILABLE and "no supervisor" in exc.message:
-            return None
-        raise
+    except NoSupervisor:
+        return None
     return client
 
 
