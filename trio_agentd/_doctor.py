@@ -87,8 +87,11 @@ class Found(Frozen):
         s(self, "record", record)
         s(self, "home_proven", home_proven)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, *, now: float | None = None) -> dict[str, Any]:
+        """The row of ``ps --json``; its uptime counts to ``now`` (epoch seconds; default: the
+        wall clock at the call)."""
         v, rec, hello = self.verdict, self.record, self.observation.hello
+        now = time.time() if now is None else now
         return {
             "socket": self.socket,
             "status": str(v.status),
@@ -98,13 +101,14 @@ class Found(Frozen):
             "app_version": hello.app_version if hello else None,
             "protocol": hello.protocol if hello else None,
             "sessions": self.observation.sessions,
-            "uptime_s": _uptime(rec.created_at) if rec and rec.created_at else None,
+            "uptime_s": _uptime(rec.created_at, now) if rec and rec.created_at else None,
             "is_default": self.observation.is_default,
             "remedy": remedy(self.socket, v),
         }
 
 
-def _uptime(created_at: str) -> float | None:
+def _uptime(created_at: str, now: float) -> float | None:
+    """Seconds from ``created_at`` (ISO 8601) to ``now`` (epoch seconds). Pure."""
     epoch = utc_epoch(created_at)
     if epoch is None:  # another shape of ISO 8601: datetime parses it (or refuses it)
         try:
@@ -113,8 +117,10 @@ def _uptime(created_at: str) -> float | None:
             created = _dt.datetime.fromisoformat(created_at.replace("Z", "+00:00"))
         except ValueError:
             return None
-        return round((_dt.datetime.now(_dt.UTC) - created).total_seconds(), 1)
-    return round(time.time() - epoch, 1)
+        if created.tzinfo is None:
+            return None  # a time without its zone is no instant
+        epoch = created.timestamp()
+    return round(now - epoch, 1)
 
 
 def utc_epoch(text: str) -> float | None:

@@ -45,7 +45,8 @@ def _age(seconds: float | None) -> str:
     return f"{s // 86400}d"
 
 
-def print_table(found: list[Found], *, out: Any = None) -> None:
+def print_table(found: list[Found], *, out: Any = None, now: float | None = None) -> None:
+    """The ``ps`` table; uptimes count to ``now`` (epoch seconds; default: the wall clock)."""
     out = out or sys.stdout
     if not found:
         print("no trio-agentd supervisor found", file=out)
@@ -54,7 +55,7 @@ def print_table(found: list[Found], *, out: Any = None) -> None:
     headers = ["", "SOCKET", "PID", "VERSION", "STATUS", "SESSIONS", "UPTIME"]
     rows = []
     for f in found:
-        j = f.as_json()
+        j = f.as_json(now=now)
         status = str(f.verdict.status) + (f" ({f.verdict.cause})" if f.verdict.cause else "")
         # every cell escaped: a version or socket path read from files may hold escapes
         rows.append([printable(c) for c in (

@@ -91,13 +91,6 @@ class Worker:
         return [t for t, op in self.process.received if op == "ping"]
 
 
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
-
-
 async def _client_on(
     worker: Worker, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> _client.Client:
