@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._plain import Frozen
+from ._procstate import GroupIdentity as GroupIdentity
 from ._procstate import Liveness as Liveness
 
 _boot_id: str | None = None
@@ -216,23 +216,6 @@ def signal_group_identity_checked(
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-class GroupIdentity(Frozen):
-    """A process group named safely: its id and its leader's incarnation ``(pid, start_id)``.
-
-    The runner starts every turn's leader in a new session, so ``pgid == pid``.
-    """
-
-    __slots__ = ("pgid", "pid", "start_id")
-    pgid: int
-    pid: int
-    start_id: str | None
-
-    def __init__(self, pgid: int, pid: int, start_id: str | None) -> None:
-        object.__setattr__(self, "pgid", pgid)
-        object.__setattr__(self, "pid", pid)
-        object.__setattr__(self, "start_id", start_id)
 
 
 def group_alive(pgid: int) -> bool:

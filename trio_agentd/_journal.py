@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._identity import GroupIdentity
+from ._procstate import GroupIdentity
 
 Key = tuple[str, str]  # (client_id, command id as text)
 GroupKey = tuple[Key, int, str | None]  # (command, leader pid, leader start id)

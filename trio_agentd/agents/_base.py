@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .._errors import AgentdError, ErrorCode
-from .._identity import GroupIdentity
+from .._procstate import GroupIdentity
 from ._spec import validate_agent_spec as validate_agent_spec  # the supervisor's import
 
 

@@ -3,13 +3,14 @@
 The supervisor's real :class:`~trio_agentd._procops.ProcessWorkerOps` (descriptors, tokens and
 session files written for real) with the processes swapped for a
 :class:`~trio_agentd.testing.FakeWorkerOps` machine's. Its own module so the machine can build
-one (:meth:`FakeWorkerOps.for_supervisor`) without importing the whole fake supervisor, which
-imports the machine: the arrows between the fakes point one way.
+one (:meth:`FakeWorkerOps.for_supervisor`), and it names what it needs of the machine
+(:class:`Machine`) instead of importing it: the arrows between the fakes point one way.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from .. import _fs
 from .._fence import Claim
@@ -22,7 +23,23 @@ from .._workerlink import WorkerLink
 
 if TYPE_CHECKING:
     from .._supervisor import Supervisor
-    from ._fakeops import FakeWorkerOps
+
+
+class Machine(Protocol):
+    """What a supervisor's process layer needs of the fake machine (``FakeWorkerOps``): named
+    here, so this module does not import the machine that imports it."""
+
+    def alive(self, h: WorkerHandle) -> bool: ...
+
+    def signal(self, h: WorkerHandle, sig: int) -> bool: ...
+
+    async def wait_exit(self, h: WorkerHandle) -> None: ...
+
+    async def connect(self, h: WorkerHandle, *, claim: Claim = ...) -> WorkerLink: ...
+
+    async def start_process(
+        self, h: WorkerHandle, *, started: Callable[[], None] | None = None
+    ) -> None: ...
 
 
 class FakeSupervisorOps(ProcessWorkerOps):
@@ -34,7 +51,7 @@ class FakeSupervisorOps(ProcessWorkerOps):
     the registry it reads (``FakeWorkerOps(registry_dir=...)``: the supervisor's real one).
     """
 
-    def __init__(self, sup: Supervisor, machine: FakeWorkerOps) -> None:
+    def __init__(self, sup: Supervisor, machine: Machine) -> None:
         super().__init__(sup.layout, sup.ownership, sup.timing)
         self.machine = machine
         self.writer = GroupWriter(threaded=False)  # a thread would let virtual time jump
