@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from ._syncclient import _Conn
+    from ._syncconn import _Conn
     from .timing import Timing
 
 
@@ -126,14 +126,14 @@ def autostart_and_wait(
             supervisor failed, or after ``startup_timeout``.
     """
     from . import _fs
-    from ._syncclient import probe
+    from ._syncconn import probe
 
     deadline = time.monotonic() + timing.startup_timeout
     # one client spawns, the others wait for its supervisor's hello: a crowd of clients
     # starting at once does not start a crowd of supervisors that all but one lose
-    from ._trust import make_private_dirs
+    from ._trust import home_problem, make_private_dirs
 
-    problem = layout.home_problem()
+    problem = home_problem(layout)
     if problem is not None:  # the supervisor could not start: say why and what to set
         raise problem
     # a fresh machine has no socket dir yet; one that fails the proof is refused, never reused
@@ -265,7 +265,7 @@ def hand_over(
             or ours does not start.
     """
     from . import _fs
-    from ._syncclient import _Lost, probe
+    from ._syncconn import _Lost, probe
 
     wait = _handover_wait(timing)
     start = time.monotonic()
@@ -366,7 +366,7 @@ def _served_layout(layout: Layout, hello: dict[str, Any]) -> Layout:
 
 
 def _busy_of(conn: _Conn) -> list[str]:
-    from ._syncclient import _await_response
+    from ._syncconn import _await_response
 
     conn.send({"type": "request", "id": "handover-sessions", "client_id": "handover",
                "op": "sessions", "args": {}})
@@ -378,7 +378,7 @@ def _release(layout: Layout, conn: _Conn, hello: dict[str, Any]) -> None:
     ``shutdown`` op with ``stop_workers: false``, which every protocol version has); wait for
     it to exit."""
     from ._identity import is_alive
-    from ._syncclient import _await_response, _Lost
+    from ._syncconn import _await_response, _Lost
 
     try:
         conn.send({"type": "request", "id": "handover", "client_id": "handover",

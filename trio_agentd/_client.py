@@ -44,12 +44,11 @@ from ._protocol import (
 )
 from ._syncclient import CREATING_OPS, Output, _lease_holder, creator_args, version_mismatch
 from ._trust import isolated_python, prove_peer, prove_socket_dir
+from ._wirerules import REROUTE as _REROUTE
+from ._wirerules import RETRY_FOR as RETRY_FOR
+from ._wirerules import RETRYABLE as _RETRYABLE
 from .timing import DEFAULT_TIMING, Timing
 
-RETRY_FOR = 60.0
-_RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
-# a direct route that fails with these goes back to the supervisor for a new one
-_REROUTE = frozenset({ErrorCode.WORKER_UNAVAILABLE, ErrorCode.GRANT_REFUSED})
 _GRANT_MARGIN = 5.0  # seconds: a grant this close to its expiry is renewed before use
 _EVENTS_BUFFERED = 8  # per request (chunks of up to 256 KiB: 2 MiB); a consumer that falls
 # behind pauses the connection

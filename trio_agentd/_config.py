@@ -171,7 +171,7 @@ def _agent(value: object, label: str) -> object:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{label} must be an agent spec: echo, shell, exec:COMMAND or"
                           f" module:attr (got {_shown(value)})")
-    from .agents import validate_agent_spec
+    from .agents._spec import validate_agent_spec
 
     try:
         validate_agent_spec(value)

@@ -29,10 +29,27 @@ from ._doctor_plan import (
     scan_reason,
 )
 from ._errors import AgentdError, ErrorCode
-from ._identity import Liveness, liveness, read_start_id, signal_identity_checked
+from ._identity import (
+    liveness,
+    read_start_id,
+    signal_group_identity_checked,
+    signal_identity_checked,
+)
 from ._ownership import CorruptRecord, OwnerRecord, Scope
 from ._paths import Layout, default_socket_dir, normalize_socket_path, socket_key
 from ._plain import Frozen, Plain
+from ._procstate import Liveness
+from ._registryfiles import (
+    GUARD_FILE,
+    OWNER_FILE,
+    SCOPE_FILE,
+    SHUTDOWN_LOCK_FILE,
+    move_aside,
+    owner_dir_name,
+    record_names,
+    tombstone_name,
+    write_tombstone,
+)
 from ._trust import prove_peer, prove_socket_dir
 from ._version import APP_VERSION, PROTOCOL_VERSION
 
@@ -70,8 +87,11 @@ class Found(Frozen):
         s(self, "record", record)
         s(self, "home_proven", home_proven)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, *, now: float | None = None) -> dict[str, Any]:
+        """The row of ``ps --json``; its uptime counts to ``now`` (epoch seconds; default: the
+        wall clock at the call)."""
         v, rec, hello = self.verdict, self.record, self.observation.hello
+        now = time.time() if now is None else now
         return {
             "socket": self.socket,
             "status": str(v.status),
@@ -81,13 +101,14 @@ class Found(Frozen):
             "app_version": hello.app_version if hello else None,
             "protocol": hello.protocol if hello else None,
             "sessions": self.observation.sessions,
-            "uptime_s": _uptime(rec.created_at) if rec and rec.created_at else None,
+            "uptime_s": _uptime(rec.created_at, now) if rec and rec.created_at else None,
             "is_default": self.observation.is_default,
             "remedy": remedy(self.socket, v),
         }
 
 
-def _uptime(created_at: str) -> float | None:
+def _uptime(created_at: str, now: float) -> float | None:
+    """Seconds from ``created_at`` (ISO 8601) to ``now`` (epoch seconds). Pure."""
     epoch = utc_epoch(created_at)
     if epoch is None:  # another shape of ISO 8601: datetime parses it (or refuses it)
         try:
@@ -96,8 +117,10 @@ def _uptime(created_at: str) -> float | None:
             created = _dt.datetime.fromisoformat(created_at.replace("Z", "+00:00"))
         except ValueError:
             return None
-        return round((_dt.datetime.now(_dt.UTC) - created).total_seconds(), 1)
-    return round(time.time() - epoch, 1)
+        if created.tzinfo is None:
+            return None  # a time without its zone is no instant
+        epoch = created.timestamp()
+    return round(now - epoch, 1)
 
 
 def utc_epoch(text: str) -> float | None:
@@ -137,14 +160,12 @@ def _records(registry: str | os.PathLike[str]) -> list[Record]:
     out: list[Record] = []
     registry = os.fspath(registry)
     try:
-        names = os.listdir(registry)
+        names = record_names(registry)
     except OSError:
-        return out
+        return out  # unreadable: ps shows what it can find without it
     for name in names:
-        if not name.endswith(".owner") or name.startswith("."):
-            continue
         try:
-            raw = _read_trusted(os.path.join(registry, name, "owner.json"))
+            raw = _read_trusted(os.path.join(registry, name, OWNER_FILE))
             if raw is None:
                 continue
             rec = OwnerRecord.from_json(raw)
@@ -162,12 +183,11 @@ def _scoped_sockets(registry: str | os.PathLike[str]) -> list[str]:
     out = []
     registry = os.fspath(registry)
     with contextlib.suppress(OSError):
-        for name in os.listdir(registry):
-            if name.endswith(".owner") and not name.startswith("."):
-                with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
-                    raw = _read_trusted(os.path.join(registry, name, "scope.json"))
-                    if raw is not None:
-                        out.append(Scope.from_json(raw).socket)
+        for name in record_names(registry):
+            with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
+                raw = _read_trusted(os.path.join(registry, name, SCOPE_FILE))
+                if raw is not None:
+                    out.append(Scope.from_json(raw).socket)
     return out
 
 
@@ -524,9 +544,9 @@ def observe(
         if hello.generation:
             hello_record = by_gen.get(hello.generation)
             registry = layout.registry_dir
-            owner_json = os.path.join(registry, f"{hello.generation}.owner", "owner.json")
+            owner_json = os.path.join(registry, owner_dir_name(hello.generation), OWNER_FILE)
             corrupt = hello_record is None and os.path.exists(owner_json)
-            revoked = os.path.exists(os.path.join(registry, f"{hello.generation}.revoked"))
+            revoked = os.path.exists(os.path.join(registry, tombstone_name(hello.generation)))
         # final liveness re-check: a supervisor that is stopping is not wedged
         hello_alive = liveness(hello.pid, hello.start_id) is not Liveness.DEAD
     if descriptors is None:
@@ -846,23 +866,16 @@ class RealHooks:
 
     def revoke(self, generation: str) -> None:
         registry = self.layout.registry
-        with _fs.locked_sync(registry / ".guard"):
-            _fs.atomic_write_json(registry / f"{generation}.revoked",
-                                  {"generation": generation, "by": "doctor", "pid": os.getpid()})
-            src = registry / f"{generation}.owner"
-            with contextlib.suppress(FileNotFoundError):
-                dst = registry / f".revoked-{generation}-{os.urandom(4).hex()}"
-                os.rename(src, dst)
-                import shutil
-
-                shutil.rmtree(dst, ignore_errors=True)
+        with _fs.locked_sync(registry / GUARD_FILE):
+            write_tombstone(registry, generation, {"by": "doctor", "pid": os.getpid()})
+            move_aside(registry, owner_dir_name(generation))
 
     def remove_socket(self, sock: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock)
 
     def take_admission(self) -> str | None:
-        path = self.layout.registry / "shutdown.lock"
+        path = self.layout.registry / SHUTDOWN_LOCK_FILE
         _fs.ensure_dir(self.layout.registry)
         deadline = time.monotonic() + 5
         while True:
@@ -900,13 +913,12 @@ def stop_orphan_workers(layout: Layout, sock: str, timing: Timing | None = None)
             continue
         if read_start_id(pid) != sid:
             continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
+        # a worker leads its own process group (pgid == pid)
+        signal_group_identity_checked(pid, pid, sid, signal.SIGTERM)
         deadline = time.monotonic() + timing.stop_grace
         while time.monotonic() < deadline and liveness(pid, sid) is not Liveness.DEAD:
             time.sleep(0.01)
-        if liveness(pid, sid) is not Liveness.DEAD and read_start_id(pid) == sid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+        if liveness(pid, sid) is not Liveness.DEAD:
+            signal_group_identity_checked(pid, pid, sid, signal.SIGKILL)
         stopped.append(pid)
     return stopped

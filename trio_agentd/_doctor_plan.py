@@ -168,9 +168,6 @@ class Verdict(Frozen):
         return self.status in PROBLEMS
 
 
-OUR_PROTOCOL = 1
-
-
 def classify(obs: Observation, *, protocol: int, app_version: str) -> Verdict | None:
     """The status of one socket, or ``None`` when nothing of ours is there."""
     live = [r for r in obs.socket_records if r.alive]

@@ -63,6 +63,11 @@ def single_errors() -> AbstractContextManager[None]:
     Nurseries wrap everything that escapes them, including the user's own exception from the
     body of ``async with open_client()``. A group of several exceptions becomes an
     ``AgentdError`` (``internal``) from the group.
+
+    Why by hand: neither Python nor trio offers this as public API. ``except*`` splits a group
+    by type but always re-raises a group; trio's own collapse is private, and the loose mode
+    that used it (``strict_exception_groups=False``) is deprecated. Nested groups (a nursery in
+    a nursery) are flattened first, so one error anywhere in the tree comes out bare.
     """
     import contextlib  # here: the CLI's warm path imports this module, and never needs it
 
@@ -113,3 +118,13 @@ class AgentdError(Exception):
 
     def __repr__(self) -> str:
         return f"AgentdError({self.code!r}, {self.message!r})"
+
+
+class NoSupervisor(AgentdError):
+    """Nobody listens on the socket (no socket dir, no socket, or the connection refused):
+    ``daemon_unavailable``, as opposed to a supervisor that is there but does not answer
+    (``details["wedged"]``). Commands that only report on a supervisor (``status``, ``stop``)
+    take it as "none is running", never as a failure."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.DAEMON_UNAVAILABLE, message)

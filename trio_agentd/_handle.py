@@ -35,7 +35,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import trio
 from trio_util import AsyncValue
@@ -631,6 +631,8 @@ class WorkerHandle:
                     return self._take_stop()
                 self._retry = trio.Event()  # consumed
                 return Retry()
+            case _:
+                assert_never(action)
 
     async def _connect(self) -> Observation:
         """One attempt (the caller bounds it); a refusal is reported at once: the delays

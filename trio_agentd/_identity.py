@@ -9,11 +9,11 @@ whose identity cannot be read counts as alive but is never signalled.
 
 from __future__ import annotations
 
-import enum
 import os
 import sys
 
-from ._plain import Frozen
+from ._procstate import GroupIdentity as GroupIdentity
+from ._procstate import Liveness as Liveness
 
 _boot_id: str | None = None
 
@@ -104,12 +104,6 @@ def own_start_id() -> str:
     sid = read_start_id(os.getpid())
     assert sid is not None
     return sid
-
-
-class Liveness(enum.Enum):
-    ALIVE = "alive"
-    DEAD = "dead"
-    UNKNOWN = "unknown"  # exists but identity unreadable: counts as alive, never signalled
 
 
 def liveness(pid: int, start_id: str | None) -> Liveness:
@@ -222,23 +216,6 @@ def signal_group_identity_checked(
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-class GroupIdentity(Frozen):
-    """A process group named safely: its id and its leader's incarnation ``(pid, start_id)``.
-
-    The runner starts every turn's leader in a new session, so ``pgid == pid``.
-    """
-
-    __slots__ = ("pgid", "pid", "start_id")
-    pgid: int
-    pid: int
-    start_id: str | None
-
-    def __init__(self, pgid: int, pid: int, start_id: str | None) -> None:
-        object.__setattr__(self, "pgid", pgid)
-        object.__setattr__(self, "pid", pid)
-        object.__setattr__(self, "start_id", start_id)
 
 
 def group_alive(pgid: int) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from ._identity import GroupIdentity
+from ._procstate import GroupIdentity
 
 Key = tuple[str, str]  # (client_id, command id as text)
 GroupKey = tuple[Key, int, str | None]  # (command, leader pid, leader start id)

@@ -434,7 +434,9 @@ def follow_session(layout: Layout, session: str, follower: Follower,
     Raises:
         AgentdError: the session is gone (``unknown_session``), or another failure.
     """
-    from ._syncclient import _REROUTE, _attach, _await_response, _Liveness, _Lost
+    from ._syncclient import _attach
+    from ._syncconn import _await_response, _Liveness, _Lost
+    from ._wirerules import REROUTE
 
     delay = 0.025
     n = 0
@@ -469,7 +471,7 @@ def follow_session(layout: Layout, session: str, follower: Follower,
             if exc.code == ErrorCode.FOLLOWER_BEHIND:
                 notice(f"{exc.message}; catching up")
                 delay = 0.025
-            elif exc.code not in _REROUTE and exc.code != ErrorCode.WORKER_UNRESPONSIVE:
+            elif exc.code not in REROUTE and exc.code != ErrorCode.WORKER_UNRESPONSIVE:
                 raise
         except (OSError, _Lost):
             pass  # the worker went away (stopped, restarted): route again

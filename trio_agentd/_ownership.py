@@ -20,8 +20,8 @@ from __future__ import annotations
 import enum
 import json
 
-from ._identity import Liveness
 from ._plain import Frozen, replace
+from ._procstate import Liveness
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:
@@ -264,13 +264,10 @@ class AcquirePlan(Frozen):
 
 
 def _relevant(
-    scanned: ScannedRecord, socket: str, state_dir: str, canonical_state_dirs: frozenset[str]
-) -> bool | None:
-    """Does this record claim the same socket or state dir? ``None`` if it cannot be known."""
-    claim: Scope | OwnerRecord | None = scanned.record or scanned.scope
-    if claim is None:
-        return None
-    return claim.socket == socket or claim.state_dir in canonical_state_dirs | {state_dir}
+    record: OwnerRecord, socket: str, state_dir: str, canonical_state_dirs: frozenset[str]
+) -> bool:
+    """Does this record claim the same socket or state dir?"""
+    return record.socket == socket or record.state_dir in canonical_state_dirs | {state_dir}
 
 
 def plan_acquire(
@@ -294,7 +291,7 @@ def plan_acquire(
             continue
         if rec.record is None:
             continue
-        rel = _relevant(rec, socket, state_dir, canonical_state_dirs)
+        rel = _relevant(rec.record, socket, state_dir, canonical_state_dirs)
         if rec.liveness is Liveness.DEAD:
             aside.append(rec.name)
         elif rel and conflict is None:

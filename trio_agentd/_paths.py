@@ -1,7 +1,9 @@
 """Where everything lives, resolved once from flags, environment and defaults.
 
-Pure path arithmetic (directory creation and the proofs of ownership live in ``_trust``). Kept
-free of trio so the CLI's warm path can import it cheaply.
+Path rules only: flags, environment and platform defaults in, paths out. Nothing here looks at
+the filesystem: whether a home can be used (``_trust.home_problem``), directory creation and the
+proofs of ownership live in ``_trust``. Kept free of trio so the CLI's warm path can import it
+cheaply.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def _sha256_hex(data: bytes) -> str:
     raise RuntimeError("no sha256")  # pragma: no cover - hashlib always has it
 
 
-_FIX_HOME = "set --home or TRIO_AGENTD_HOME to a directory you can write, or fix HOME"
+FIX_HOME = "set --home or TRIO_AGENTD_HOME to a directory you can write, or fix HOME"
 
 
 def _state_root() -> Path:
@@ -77,41 +79,13 @@ def _state_root() -> Path:
     if why is not None and not os.path.isabs(xdg):
         raise AgentdError(
             ErrorCode.CONFIG,
-            f"no directory to keep state in: {why} — {_FIX_HOME}"
+            f"no directory to keep state in: {why} — {FIX_HOME}"
             " (and TRIO_AGENTD_REGISTRY_DIR)",
             {"home": None},
         )
     if unexpanded:  # pragma: no cover - XDG_STATE_HOME absolute: platformdirs used it
-        raise AgentdError(ErrorCode.CONFIG, f"no directory to keep state in — {_FIX_HOME}")
+        raise AgentdError(ErrorCode.CONFIG, f"no directory to keep state in — {FIX_HOME}")
     return root
-
-
-def _blocker(path: str) -> str | None:
-    """Why ``path`` can neither exist nor be created, judged without creating anything.
-
-    ``None`` if it exists as a directory, or its nearest existing ancestor is a directory we
-    may write in (whether ``mkdir`` then succeeds is only known by trying)."""
-    cur = path
-    while True:
-        try:
-            st = os.stat(cur)
-        except (FileNotFoundError, NotADirectoryError):  # find what is missing, or a file
-            parent = os.path.dirname(cur)
-            if parent == cur:
-                return f"{cur} does not exist"
-            cur = parent
-            continue
-        except OSError as exc:
-            return f"{cur}: {exc.strerror or exc}"
-        import stat
-
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{cur} is not a directory"
-        if cur != path and not os.access(cur, os.W_OK | os.X_OK):
-            return f"{cur} is not writable, so {path} cannot be created"
-        if cur == path and not os.access(cur, os.R_OK | os.X_OK):
-            return f"{cur} is not readable"
-        return None
 
 
 def default_home() -> Path:
@@ -212,33 +186,10 @@ class Layout:
             return f"XDG_STATE_HOME={os.environ['XDG_STATE_HOME']}"
         return f"HOME={os.environ['HOME']}" if "HOME" in os.environ else "HOME (unset)"
 
-    def home_problem(self) -> AgentdError | None:
-        """An error naming the cause and the fix if the home or the registry cannot be used
-        (cannot exist, nor be created); ``None`` otherwise. Creates nothing."""
-        try:
-            home = self.home_dir
-            registry = self.registry_dir
-        except AgentdError as exc:
-            return exc
-        for what, path, fix in (
-            ("home", home, f"{_FIX_HOME}"),
-            ("ownership registry", registry,
-             "set TRIO_AGENTD_REGISTRY_DIR to a directory you can write, or fix HOME"),
-        ):
-            why = _blocker(path)
-            if why is None:
-                continue
-            if what == "home" and self.home_source is not None:
-                fix = f"set {self.home_source} to a directory you can write"
-            elif what == "home":
-                fix = f"{fix} (the home comes from {self.home_origin()})"
-            elif self._registry is not None and os.environ.get("TRIO_AGENTD_REGISTRY_DIR"):
-                fix = "set TRIO_AGENTD_REGISTRY_DIR to a directory you can write"
-            return AgentdError(
-                ErrorCode.CONFIG, f"cannot use {path} as the {what}: {why} — {fix}",
-                {"path": path},
-            )
-        return None
+    @property
+    def registry_explicit(self) -> bool:
+        """The registry dir was given (flag or ``TRIO_AGENTD_REGISTRY_DIR``), not defaulted."""
+        return self._registry is not None
 
     def check_served_home(self, served: object) -> None:
         """Refuse a supervisor that serves another home than the one set explicitly here.

@@ -17,9 +17,9 @@ from ._errors import AgentdError, ErrorCode
 from ._text import CONTROL_CLASS
 from ._version import APP_VERSION as APP_VERSION
 from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._wirerules import MAX_FRAME as MAX_FRAME  # bytes per line, newline excluded
 from ._wirestr import TAG_IN_FRAME
 
-MAX_FRAME = 1 << 20  # bytes per line, newline excluded
 # requests one connection may have in flight; past that it is not read from (its sender's
 # writes then block: backpressure, not memory)
 MAX_IN_FLIGHT = 64
@@ -34,6 +34,7 @@ OPS = frozenset(
         "prompt",
         "sessions",
         "kill_session",
+        "remove_session",
         "retry_session",
         "route",
         "cancel",

@@ -32,6 +32,7 @@ from pathlib import Path
 import trio
 
 from . import _fs
+from . import _registryfiles as _names
 from ._errors import AgentdError, ErrorCode
 from ._identity import liveness, own_start_id
 from ._ownership import (
@@ -79,23 +80,23 @@ class Registry:
     # paths -----------------------------------------------------------------------------
     @property
     def guard_path(self) -> Path:
-        return self.root / ".guard"
+        return self.root / _names.GUARD_FILE
 
     @property
     def shutdown_lock_path(self) -> Path:
-        return self.root / "shutdown.lock"
+        return self.root / _names.SHUTDOWN_LOCK_FILE
 
     def owner_dir(self, generation: str) -> Path:
-        return self.root / f"{generation}.owner"
+        return self.root / _names.owner_dir_name(generation)
 
     def owner_json(self, generation: str) -> Path:
-        return self.owner_dir(generation) / "owner.json"
+        return self.owner_dir(generation) / _names.OWNER_FILE
 
     def scope_json(self, generation: str) -> Path:
-        return self.owner_dir(generation) / "scope.json"
+        return self.owner_dir(generation) / _names.SCOPE_FILE
 
     def tombstone(self, generation: str) -> Path:
-        return self.root / f"{generation}.revoked"
+        return self.root / _names.tombstone_name(generation)
 
     # reads ------------------------------------------------------------------------------
     def read_owner_bytes(self, generation: str) -> bytes | None:
@@ -127,14 +128,8 @@ class Registry:
     def scan(self) -> list[ScannedRecord]:
         """Every ``*.owner`` record, with the liveness of its process."""
         out: list[ScannedRecord] = []
-        try:
-            names = sorted(os.listdir(self.root))
-        except FileNotFoundError:
-            return out
-        for name in names:
-            if not name.endswith(".owner") or name.startswith("."):
-                continue
-            generation = name[: -len(".owner")]
+        for name in _names.record_names(self.root):
+            generation = name[: -len(_names.OWNER_SUFFIX)]
             record: OwnerRecord | None = None
             scope: Scope | None = None
             raw = self.read_owner_bytes(generation)
@@ -166,8 +161,8 @@ class Registry:
     def write_candidate(self, record: OwnerRecord) -> Path:
         cand = self.root / f".candidate-{record.generation}-{secrets.token_hex(4)}"
         cand.mkdir(mode=0o700)
-        _fs.atomic_write(cand / "scope.json", record.scope.to_json())
-        _fs.atomic_write(cand / "owner.json", record.to_json())
+        _fs.atomic_write(cand / _names.SCOPE_FILE, record.scope.to_json())
+        _fs.atomic_write(cand / _names.OWNER_FILE, record.to_json())
         return cand
 
     def install_candidate(self, candidate: Path, generation: str) -> None:
@@ -178,27 +173,19 @@ class Registry:
         """(Re)write a record in its directory, creating the directory if it was removed."""
         d = self.owner_dir(record.generation)
         d.mkdir(mode=0o700, exist_ok=True)
-        _fs.atomic_write(d / "scope.json", record.scope.to_json())
+        _fs.atomic_write(d / _names.SCOPE_FILE, record.scope.to_json())
         data = record.to_json()
-        _fs.atomic_write(d / "owner.json", data)
+        _fs.atomic_write(d / _names.OWNER_FILE, data)
         return data
 
     def move_aside(self, name: str) -> None:
-        src = self.root / name
-        dst = self.root / f".dead-{name}-{secrets.token_hex(4)}"
-        try:
-            os.rename(src, dst)
-        except FileNotFoundError:
-            return
-        shutil.rmtree(dst, ignore_errors=True)
+        _names.move_aside(self.root, name)
 
     def remove(self, generation: str) -> None:
-        self.move_aside(f"{generation}.owner")
+        self.move_aside(_names.owner_dir_name(generation))
 
     def revoke(self, generation: str) -> None:
-        _fs.atomic_write_json(
-            self.tombstone(generation), {"generation": generation, "at": utcnow()}
-        )
+        _names.write_tombstone(self.root, generation, {"at": utcnow()})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

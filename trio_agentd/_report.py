@@ -45,7 +45,8 @@ def _age(seconds: float | None) -> str:
     return f"{s // 86400}d"
 
 
-def print_table(found: list[Found], *, out: Any = None) -> None:
+def print_table(found: list[Found], *, out: Any = None, now: float | None = None) -> None:
+    """The ``ps`` table; uptimes count to ``now`` (epoch seconds; default: the wall clock)."""
     out = out or sys.stdout
     if not found:
         print("no trio-agentd supervisor found", file=out)
@@ -54,7 +55,7 @@ def print_table(found: list[Found], *, out: Any = None) -> None:
     headers = ["", "SOCKET", "PID", "VERSION", "STATUS", "SESSIONS", "UPTIME"]
     rows = []
     for f in found:
-        j = f.as_json()
+        j = f.as_json(now=now)
         status = str(f.verdict.status) + (f" ({f.verdict.cause})" if f.verdict.cause else "")
         # every cell escaped: a version or socket path read from files may hold escapes
         rows.append([printable(c) for c in (
@@ -74,8 +75,8 @@ def print_table(found: list[Found], *, out: Any = None) -> None:
             print(f"\033[31m{line}\033[0m" if colour else line, file=out)
 
 
-def run_doctor(layout: Layout, *, fix: bool, dry_run: bool, as_json: bool) -> int:
-    """doctor [--fix] [--dry-run]: 0 when nothing is (left) wrong, 3 otherwise."""
+def run_doctor(layout: Layout, *, fix: bool, dry_run: bool, as_json: bool) -> bool:
+    """doctor [--fix] [--dry-run]: whether a problem is left unfixed (the CLI's exit code)."""
     found = survey(layout)
     problems = [f for f in found if f.verdict.status in PROBLEMS]
     plans: list[tuple[Found, Repair | None]] = [
@@ -112,7 +113,7 @@ def run_doctor(layout: Layout, *, fix: bool, dry_run: bool, as_json: bool) -> in
     else:
         if not found:
             print("nothing found: no trio-agentd supervisor is running for this user")
-            return 0
+            return False
         if not fix:
             print_table(found)
         if dry_run:
@@ -129,4 +130,4 @@ def run_doctor(layout: Layout, *, fix: bool, dry_run: bool, as_json: bool) -> in
                                     f" {outcome.failed[1]}"))
         if not problems:
             print("no problems found")
-    return 3 if unfixed else 0
+    return bool(unfixed)

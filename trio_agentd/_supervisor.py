@@ -55,6 +55,7 @@ from ._protocol import (
     APP_VERSION,
     CAPABILITIES,
     MAX_IN_FLIGHT,
+    OPS,
     PROTOCOL_VERSION,
     FrameTooLarge,
     Hello,
@@ -194,7 +195,6 @@ class Supervisor:
         self._bound_ino: int | None = None
         self._service: trio.Nursery | None = None
         self._clients: trio.Nursery | None = None
-        self.commands = 0
         self.clients_open = 0  # client connections being served now
         # repeated causes (EMFILE on every accept, an unreadable owner record on every
         # self-check) are logged once per LOG_RATE_INTERVAL, with a count
@@ -900,7 +900,6 @@ class Supervisor:
             self.inflight.value -= 1
 
     async def _dispatch_one(self, ms: MessageStream, req: Request) -> None:
-        self.commands += 1
         try:
             if req.op != "shutdown":
                 if self.shutdown_requested.is_set():
@@ -1004,9 +1003,7 @@ class Supervisor:
             case _:
                 raise AgentdError(
                     ErrorCode.UNKNOWN_OP,
-                    f"unknown op {req.op!r} — known: ping, status, create_session, prompt,"
-                    " route, cancel, sessions, kill_session, remove_session, retry_session,"
-                    " restart, shutdown",
+                    f"unknown op {req.op!r} — known: {', '.join(sorted(OPS))}",
                 )
 
     async def _remove_session(self, sid: str, *, force: bool) -> dict[str, Any]:

@@ -17,12 +17,15 @@ import os
 import stat
 import sys
 
-from ._errors import AgentdError, ErrorCode
+from ._errors import AgentdError, ErrorCode, NoSupervisor
+from ._paths import FIX_HOME
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Protocol
+
+    from ._paths import Layout
 
     class _Socket(Protocol):
         def getsockopt(self, level: int, option: int, buflen: int, /) -> bytes: ...
@@ -78,9 +81,7 @@ def prove_socket_dir(path: str) -> None:
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
-        raise AgentdError(
-            ErrorCode.DAEMON_UNAVAILABLE, f"no supervisor is running on {path} (no such directory)"
-        ) from None
+        raise NoSupervisor(f"no supervisor is running on {path} (no such directory)") from None
     problem = dir_problem(st, os.getuid(), private=True)
     if problem is not None:
         raise _refuse(
@@ -213,3 +214,58 @@ def agent_import_path(cwd: str, env: Mapping[str, str]) -> tuple[str, ...]:
             if path not in out:
                 out.append(path)
     return tuple(out)
+
+
+def creation_blocker(path: str) -> str | None:
+    """Why ``path`` can neither exist nor be created, judged without creating anything.
+
+    ``None`` if it exists as a directory, or its nearest existing ancestor is a directory we
+    may write in (whether ``mkdir`` then succeeds is only known by trying)."""
+    cur = path
+    while True:
+        try:
+            st = os.stat(cur)
+        except (FileNotFoundError, NotADirectoryError):  # find what is missing, or a file
+            parent = os.path.dirname(cur)
+            if parent == cur:
+                return f"{cur} does not exist"
+            cur = parent
+            continue
+        except OSError as exc:
+            return f"{cur}: {exc.strerror or exc}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{cur} is not a directory"
+        if cur != path and not os.access(cur, os.W_OK | os.X_OK):
+            return f"{cur} is not writable, so {path} cannot be created"
+        if cur == path and not os.access(cur, os.R_OK | os.X_OK):
+            return f"{cur} is not readable"
+        return None
+
+
+def home_problem(layout: Layout) -> AgentdError | None:
+    """An error naming the cause and the fix if the home or the registry cannot be used
+    (cannot exist, nor be created); ``None`` otherwise. Creates nothing."""
+    try:
+        home = layout.home_dir
+        registry = layout.registry_dir
+    except AgentdError as exc:
+        return exc
+    for what, path, fix in (
+        ("home", home, FIX_HOME),
+        ("ownership registry", registry,
+         "set TRIO_AGENTD_REGISTRY_DIR to a directory you can write, or fix HOME"),
+    ):
+        why = creation_blocker(path)
+        if why is None:
+            continue
+        if what == "home" and layout.home_source is not None:
+            fix = f"set {layout.home_source} to a directory you can write"
+        elif what == "home":
+            fix = f"{fix} (the home comes from {layout.home_origin()})"
+        elif layout.registry_explicit and os.environ.get("TRIO_AGENTD_REGISTRY_DIR"):
+            fix = "set TRIO_AGENTD_REGISTRY_DIR to a directory you can write"
+        return AgentdError(
+            ErrorCode.CONFIG, f"cannot use {path} as the {what}: {why} — {fix}",
+            {"path": path},
+        )
+    return None

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from ._errors import AgentdError, ErrorCode
+from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import Layout
 from ._sessionid import SESSION_ID_RULE, is_session_id
 
@@ -1035,8 +1035,9 @@ def _hand_over_now(layout: Layout, old: dict[str, Any], *, as_json: bool) -> int
 def _cmd_ps(layout: Layout, args: argparse.Namespace) -> int:
     from ._doctor import survey
     from ._report import print_table
+    from ._trust import home_problem
 
-    if (problem := layout.home_problem()) is not None:
+    if (problem := home_problem(layout)) is not None:
         raise problem  # it could not look: not "no supervisor found" and exit 0
 
     found = survey(layout)
@@ -1049,11 +1050,13 @@ def _cmd_ps(layout: Layout, args: argparse.Namespace) -> int:
 
 def _cmd_doctor(layout: Layout, args: argparse.Namespace) -> int:
     from ._report import run_doctor
+    from ._trust import home_problem
 
-    if (problem := layout.home_problem()) is not None:
+    if (problem := home_problem(layout)) is not None:
         raise problem  # it could not look: not "nothing found" and exit 0
-    return run_doctor(layout, fix=args.fix and not args.dry_run, dry_run=args.dry_run,
-                      as_json=args.json)
+    unfixed = run_doctor(layout, fix=args.fix and not args.dry_run, dry_run=args.dry_run,
+                         as_json=args.json)
+    return EXIT_DOCTOR if unfixed else EXIT_OK
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -1115,10 +1118,8 @@ def _client_or_none(layout: Layout) -> Any:
     client.trace = _trace
     try:
         client.connect()
-    except AgentdError as exc:
-        if exc.code == ErrorCode.DAEMON_UNAVAILABLE and "no supervisor" in exc.message:
-            return None
-        raise
+    except NoSupervisor:
+        return None
     return client
 
 

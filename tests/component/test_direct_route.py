@@ -9,8 +9,7 @@ worker's wall clock follows the virtual clock, so grant expiry is exact.
 from __future__ import annotations
 
 import base64
-import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +53,7 @@ REPLACED = (
     "this route's supervisor no longer owns the session — ask it for a new route"
 )
 
-pytestmark = pytest.mark.timeout(10)
-
-
-@pytest.fixture(autouse=True)
-def no_worker_errors(
-    request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
-) -> Iterator[None]:
-    """Fail every (non-xfail) test that made the worker log an error."""
-    yield
-    if request.node.get_closest_marker("xfail") is None:
-        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-        assert errors == []
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("no_worker_errors")]
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -22,13 +22,6 @@ from trio_agentd.agents import Agent, TurnContext
 from trio_agentd.testing import FakeWorkerOps
 
 
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
-
-
 class RecordingOps(FakeWorkerOps):
     """Descriptor writes go into the event log, as the lifecycle and reason written."""
 

@@ -32,13 +32,6 @@ from trio_agentd.testing._fakeops import FakeProcess
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
-
-
 async def _start(ops: FakeWorkerOps, nursery: trio.Nursery) -> WorkerHandle:
     h = WorkerHandle(ops, "s1", "echo", "/")
     await nursery.start(functools.partial(h.supervise, alive=False, wanted=False))

@@ -21,7 +21,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_agentd import _client, _syncclient
+from trio_agentd import _client, _syncconn
 from trio_agentd._aio import MessageStream as ClientStream
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._grant import make_grant
@@ -89,13 +89,6 @@ class Worker:
 
     def pings(self) -> list[float]:
         return [t for t, op in self.process.received if op == "ping"]
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
 
 
 async def _client_on(
@@ -292,7 +285,7 @@ class _Fast:
 
 def _liveness() -> Any:
     ping = {"type": "request", "id": "ping-1", "client_id": "c", "op": "ping", "args": {}}
-    return _syncclient._Liveness(_Fast(), ping, "s1", 4242)  # type: ignore[arg-type]
+    return _syncconn._Liveness(_Fast(), ping, "s1", 4242)  # type: ignore[arg-type]
 
 
 def _frames(sock: socket.socket) -> list[dict[str, Any]]:
@@ -309,10 +302,10 @@ def _frames(sock: socket.socket) -> list[dict[str, Any]]:
 def test_sync_client_fails_on_a_worker_that_answers_no_ping() -> None:
     ours, theirs = socket.socketpair()
     try:
-        conn = _syncclient._Conn(ours)
+        conn = _syncconn._Conn(ours)
         started = time.monotonic()
         with pytest.raises(AgentdError) as info:
-            _syncclient._await_response(conn, 1, None, _liveness())
+            _syncconn._await_response(conn, 1, None, _liveness())
         elapsed = time.monotonic() - started
         assert info.value.code == ErrorCode.WORKER_UNRESPONSIVE
         assert info.value.details == {"session": "s1", "pid": 4242}
@@ -341,7 +334,7 @@ def test_sync_client_a_silent_turn_whose_worker_answers_pings_is_not_failed() ->
     t = threading.Thread(target=worker, daemon=True)
     t.start()
     try:
-        result = _syncclient._await_response(_syncclient._Conn(ours), 1, None, _liveness())
+        result = _syncconn._await_response(_syncconn._Conn(ours), 1, None, _liveness())
         assert result == {"reply": "done"}
         assert pings == ["ping"] * 3
     finally:

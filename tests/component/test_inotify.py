@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ import trio.testing
 
 from trio_agentd._inotify import Watcher
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux only")
+# the same check the watcher makes: inotify is a Linux interface
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify: Linux")
 
 
 async def test_wakes_on_create_replace_and_delete_but_not_on_reads(tmp_path: Path) -> None:

@@ -10,8 +10,6 @@ worker says something first.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import trio
 import trio.testing
@@ -47,13 +45,6 @@ class FakeWorker:
 
     async def notice(self, kind: str) -> None:
         await self.ms.send(Notice(kind=kind, turn=1))
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
 
 
 async def _link(nursery: trio.Nursery) -> tuple[WorkerLink, FakeWorker]:

@@ -21,13 +21,6 @@ from trio_agentd.testing import Behaviour, FakeWorkerOps
 from trio_agentd.timing import DEFAULT_TIMING
 
 
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
-
-
 async def _start(ops: FakeWorkerOps, nursery: trio.Nursery) -> WorkerHandle:
     h = WorkerHandle(ops, "s1", "echo", "/")
     await nursery.start(lambda task_status: h.supervise(alive=False, wanted=False,

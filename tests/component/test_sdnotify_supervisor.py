@@ -8,9 +8,7 @@ each datagram it would send, with the virtual time.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,13 +16,13 @@ import trio
 import trio.testing
 
 from trio_agentd._sdnotify import Notifier
-from trio_agentd._supervisor import Supervisor, SupervisorConfig
-from trio_agentd.testing import FakeWorkerOps, MemoryClient, MemoryListener
+from trio_agentd._supervisor import Supervisor
+from trio_agentd.testing import MemoryClient, MemoryListener
 from trio_agentd.timing import DEFAULT_TIMING, Timing
 
-pytestmark = pytest.mark.timeout(60)
+from .conftest import advance_to, supervisor_world
 
-VIRTUAL_LIMIT = 1000.0
+pytestmark = pytest.mark.timeout(60)
 
 
 class Recorder:
@@ -41,46 +39,15 @@ class Recorder:
         return [(t, m) for t, m in self.sent if m != "WATCHDOG=1"]
 
 
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ta-sd-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-async def _limit() -> None:
-    await trio.sleep(VIRTUAL_LIMIT)
-    raise AssertionError(f"the test still runs at virtual time {VIRTUAL_LIMIT:g}s")
-
-
 @contextlib.asynccontextmanager
 async def world(
     tmp_path: Path, run_dir: Path, rec: Recorder, *, watchdog: float | None,
     timing: Timing = DEFAULT_TIMING, self_heal: bool = True,
 ) -> AsyncIterator[tuple[Supervisor, MemoryListener]]:
-    config = SupervisorConfig(
-        socket=str(run_dir / "s.sock"), home=str(tmp_path / "home"),
-        registry=str(tmp_path / "registry"), self_heal=self_heal, timing=timing,
-    )
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_limit)
-        machine = FakeWorkerOps(nursery, timing=timing, registry_dir=config.layout().registry)
-        listener = MemoryListener()
-        notifier = Notifier("\0test", watchdog=watchdog, sender=rec)
-        sup = Supervisor(config, worker_ops=machine.for_supervisor, listener=listener,
-                         notifier=notifier)
-        await nursery.start(sup.serve)
-        yield sup, listener
-        if not sup.stopped.is_set():
-            sup.request_shutdown(stop_workers=False)
-            await sup.stopped.wait()
-        nursery.cancel_scope.cancel()
-
-
-async def advance_to(when: float) -> None:
-    await trio.sleep_until(when)
-    await trio.testing.wait_all_tasks_blocked()
-    assert trio.current_time() == when
+    notifier = Notifier("\0test", watchdog=watchdog, sender=rec)
+    async with supervisor_world(tmp_path, run_dir, timing=timing, self_heal=self_heal,
+                                inotify=False, notifier=notifier) as w:
+        yield w.sup, w.listener
 
 
 async def test_ready_then_watchdog_every_half_period_then_stopping(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +41,7 @@ STALE = "supervisor_generation_stale"
 HELLO = WorkerHello(session="s1", pid=4242, start_id="boot:4242", app_version=APP_VERSION)
 
 # a broken re-fence loop ticks forever in virtual time: bound each test in real time
-pytestmark = pytest.mark.timeout(10)
-
-
-@pytest.fixture(autouse=True)
-def no_worker_errors(
-    request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
-) -> Iterator[None]:
-    """The worker logs unexpected exceptions of a connection instead of raising them: fail
-    every (non-xfail) test that made the worker log an error."""
-    yield
-    if request.node.get_closest_marker("xfail") is None:
-        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-        assert errors == []
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("no_worker_errors")]
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import pytest
 import trio
 import trio.testing
 
@@ -15,13 +14,6 @@ from trio_agentd._protocol import APP_VERSION, PROTOCOL_VERSION, Response
 from trio_agentd._recovery import Mode
 from trio_agentd.agents import Agent, TurnContext
 from trio_agentd.testing import FakeWorkerOps
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
 
 
 def _sleepy(seconds: float) -> type[Agent]:

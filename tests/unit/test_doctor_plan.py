@@ -762,8 +762,12 @@ def test_outcome_as_json_declined() -> None:
 # --- Found.as_json -------------------------------------------------------------------------------
 
 
+# the instant ps reports at: every uptime is counted to it, never to the wall clock
+NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
 def _iso_ago(seconds: float) -> str:
-    return (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)).isoformat()
+    return (NOW - dt.timedelta(seconds=seconds)).isoformat()
 
 
 def test_found_as_json_shape() -> None:
@@ -797,26 +801,24 @@ def test_found_as_json_without_hello() -> None:
 
 
 def test_found_as_json_uptime_from_the_record() -> None:
-    before = dt.datetime.now(dt.UTC)
-    rec = replace(REC, created_at=(before - dt.timedelta(seconds=90)).isoformat())
+    rec = replace(REC, created_at=_iso_ago(90.25))
     found = Found(socket=SOCK, verdict=CURRENT, observation=ANSWERING, record=rec,
                   home_proven=True)
-    uptime = found.as_json()["uptime_s"]
-    elapsed = (dt.datetime.now(dt.UTC) - before).total_seconds()
-    assert isinstance(uptime, float)
-    assert 90.0 <= uptime <= 90.0 + elapsed + 0.1
+    assert found.as_json(now=NOW.timestamp())["uptime_s"] == 90.2
+    assert found.as_json(now=NOW.timestamp() + 10)["uptime_s"] == 100.2
 
 
 def test_found_as_json_uptime_accepts_z_and_ignores_garbage() -> None:
-    rec_z = replace(REC, created_at=(dt.datetime.now(dt.UTC) - dt.timedelta(hours=2))
-                    .strftime("%Y-%m-%dT%H:%M:%SZ"))
+    rec_z = replace(REC, created_at=(NOW - dt.timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ"))
     found = Found(socket=SOCK, verdict=CURRENT, observation=ANSWERING, record=rec_z,
                   home_proven=True)
-    uptime = found.as_json()["uptime_s"]
-    assert isinstance(uptime, float)
-    assert 7199.0 <= uptime <= 7205.0
-    bad = replace(found, record=replace(REC, created_at="yesterday"))
-    assert bad.as_json()["uptime_s"] is None
+    assert found.as_json(now=NOW.timestamp())["uptime_s"] == 7200.0
+    # another ISO 8601 shape (an offset other than UTC) is parsed too
+    rec_offset = replace(REC, created_at="2026-03-01T11:00:00+01:00")
+    assert replace(found, record=rec_offset).as_json(now=NOW.timestamp())["uptime_s"] == 7200.0
+    for garbage in ("yesterday", "2026-03-01T10:00:00"):  # no zone: no instant
+        bad = replace(found, record=replace(REC, created_at=garbage))
+        assert bad.as_json(now=NOW.timestamp())["uptime_s"] is None
 
 
 # --- print_table ---------------------------------------------------------------------------------
@@ -868,14 +870,14 @@ EXPECTED_TABLE = [
 def test_table_columns_marker_and_footers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     buf = io.StringIO()
-    print_table(_table_found(), out=buf)
+    print_table(_table_found(), now=NOW.timestamp(), out=buf)
     assert buf.getvalue() == "\n".join(EXPECTED_TABLE) + "\n"
 
 
 def test_table_is_aligned(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     buf = io.StringIO()
-    print_table(_table_found(), out=buf)
+    print_table(_table_found(), now=NOW.timestamp(), out=buf)
     lines = buf.getvalue().splitlines()
     header, rows = lines[0], lines[1:4]
     for column, values in [
@@ -895,7 +897,7 @@ def test_table_writes_nothing_to_stdout_when_given_out(
 ) -> None:
     stdout = io.StringIO()
     monkeypatch.setattr(sys, "stdout", stdout)
-    print_table(_table_found(), out=io.StringIO())
+    print_table(_table_found(), now=NOW.timestamp(), out=io.StringIO())
     print_table([], out=io.StringIO())
     assert stdout.getvalue() == ""
 
@@ -910,7 +912,7 @@ def test_no_ansi_when_not_a_tty(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     monkeypatch.delenv("NO_COLOR", raising=False)
     buf = io.StringIO()
-    print_table(_table_found(), out=buf)
+    print_table(_table_found(), now=NOW.timestamp(), out=buf)
     assert "\033" not in buf.getvalue()
 
 
@@ -918,7 +920,7 @@ def test_colour_on_a_tty(monkeypatch: pytest.MonkeyPatch) -> None:
     tty = _Tty()
     monkeypatch.setattr(sys, "stdout", tty)
     monkeypatch.delenv("NO_COLOR", raising=False)
-    print_table(_table_found(), out=tty)
+    print_table(_table_found(), now=NOW.timestamp(), out=tty)
     lines = tty.getvalue().splitlines()
     assert "\033[32m" + "current".ljust(34) + "\033[0m" in lines[1]
     assert "\033[31m" + "ownership-lost (record-missing)".ljust(34) + "\033[0m" in lines[2]
@@ -930,7 +932,7 @@ def test_no_colour_sets_no_ansi_on_a_tty(monkeypatch: pytest.MonkeyPatch) -> Non
     tty = _Tty()
     monkeypatch.setattr(sys, "stdout", tty)
     monkeypatch.setenv("NO_COLOR", "1")
-    print_table(_table_found(), out=tty)
+    print_table(_table_found(), now=NOW.timestamp(), out=tty)
     assert tty.getvalue() == "\n".join(EXPECTED_TABLE) + "\n"
 
 
@@ -940,5 +942,5 @@ def test_no_ansi_into_a_non_tty_out_even_if_stdout_is_a_tty(
     monkeypatch.setattr(sys, "stdout", _Tty())
     monkeypatch.delenv("NO_COLOR", raising=False)
     buf = io.StringIO()
-    print_table(_table_found(), out=buf)
+    print_table(_table_found(), now=NOW.timestamp(), out=buf)
     assert buf.getvalue() == "\n".join(EXPECTED_TABLE) + "\n"

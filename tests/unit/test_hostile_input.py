@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from trio_util import AsyncValue
 
-from trio_agentd import _client, _syncclient
+from trio_agentd import _client, _syncconn
 from trio_agentd._aio import MessageStream as ClientStream
 from trio_agentd._depth import MAX_DEPTH, nesting_depth
 from trio_agentd._errors import AgentdError, ErrorCode
@@ -60,7 +60,7 @@ from trio_agentd._supervisor import (
 )
 from trio_agentd._text import CONTROL_CODEPOINTS, printable
 from trio_agentd._workerlink import link_over_stream
-from trio_agentd.agents._base import validate_agent_spec
+from trio_agentd.agents._spec import validate_agent_spec
 
 from ..anyio_support import assert_on, socket_stream_pair
 from ..hostile_frames import HOSTILE_FRAMES, VALID_LOOKALIKES
@@ -460,7 +460,7 @@ async def test_run_op_refuses_hostile_arguments(
 # --- the clients' readers -----------------------------------------------------------------------
 
 
-def _sync_conn(frame: bytes) -> _syncclient._Conn:
+def _sync_conn(frame: bytes) -> _syncconn._Conn:
     """A blocking-client connection whose peer sends ``frame`` and closes."""
     a, b = socket.socketpair()
 
@@ -469,7 +469,7 @@ def _sync_conn(frame: bytes) -> _syncclient._Conn:
             b.sendall(frame + b"\n")
 
     threading.Thread(target=write, daemon=True).start()
-    return _syncclient._Conn(a)
+    return _syncconn._Conn(a)
 
 
 @FUZZ
@@ -511,9 +511,9 @@ def test_sync_client_answers_hostile_responses_with_a_result_or_agentd_error(
     events: list[dict[str, Any]] = []
     conn = _sync_conn(_dumps(obj))
     with contextlib.closing(conn):
-        _, exc = _call(_syncclient._await_response, conn, 1, events.append)
+        _, exc = _call(_syncconn._await_response, conn, 1, events.append)
     # a lone event, then the end of the stream: a lost connection (_Lost), retried
-    assert exc is None or isinstance(exc, AgentdError | _syncclient._Lost), repr(exc)
+    assert exc is None or isinstance(exc, AgentdError | _syncconn._Lost), repr(exc)
     assert all(isinstance(e, dict) for e in events)
 
 

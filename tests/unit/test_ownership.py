@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_agentd._identity import Liveness
 from trio_agentd._ownership import (
     CAUSE_TEXT,
     RECORD_VERSION,
@@ -28,6 +27,7 @@ from trio_agentd._ownership import (
     plan_restore,
 )
 from trio_agentd._plain import replace
+from trio_agentd._procstate import Liveness
 
 SOCKET = "/run/user/1000/trio-agentd/daemon.sock"
 STATE_DIR = "/home/u/.local/state/trio-agentd/daemons/51a6f2933dc0"

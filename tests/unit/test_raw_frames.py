@@ -11,7 +11,7 @@ import trio.testing
 
 from trio_agentd._protocol import MAX_FRAME, Event, FrameTooLarge, Request, encode
 from trio_agentd._stream import MessageStream
-from trio_agentd._syncclient import _Conn, _Malformed
+from trio_agentd._syncconn import _Conn, _Malformed
 
 PAYLOAD = bytes(range(256)) * 1200 + b"\n\n{not json}\n"  # newlines inside the payload
 

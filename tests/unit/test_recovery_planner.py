@@ -508,7 +508,8 @@ def respond(world: World, action: Action, pick: int) -> Observation | None:
     """A plausible observation for ``action`` (``pick`` chooses among them), updating ``world``.
 
     ``None`` ends the run: a failed session with a surviving process is left to the operator
-    (see the xfail test above for a stop request in that state).
+    (test_a_worker_that_survived_the_kill_is_not_forgotten_by_a_stop_request covers a stop
+    request in that state).
     """
     match action:
         case Connect():

@@ -7,8 +7,8 @@ from ._base import Chunk as Chunk
 from ._base import ExitStatus as ExitStatus
 from ._base import Stderr as Stderr
 from ._base import TurnContext as TurnContext
-from ._base import load_agent as load_agent
-from ._base import validate_agent_spec as validate_agent_spec
 from ._echo import EchoAgent as EchoAgent
 from ._exec import ExecAgent as ExecAgent
+from ._load import load_agent as load_agent
 from ._shell import ShellAgent as ShellAgent
+from ._spec import validate_agent_spec as validate_agent_spec

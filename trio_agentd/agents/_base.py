@@ -1,25 +1,19 @@
 """The agent interface: an async object that takes a prompt and yields output chunks.
 
-Spec forms: ``echo``, ``shell``, ``exec:COMMAND`` and ``module:attribute``. The
-supervisor checks a spec with :func:`validate_agent_spec` before it spawns a worker, so a typo
-is a ``bad_request`` to the client rather than a worker that fails to start; the worker then
-builds the agent with :func:`load_agent`, which checks the same syntax first.
+The types every agent and its host share, and nothing that knows a particular agent: the
+spec syntax is in ``_spec`` and building an agent from its spec in ``_load``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .._errors import AgentdError, ErrorCode
-from .._identity import GroupIdentity
-
-EXEC_PREFIX = "exec:"
+from .._procstate import GroupIdentity
+from ._spec import validate_agent_spec as validate_agent_spec  # the supervisor's import
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,57 +78,6 @@ class Agent(Protocol):
         ...
 
 
-def _unknown(spec: str) -> AgentdError:
-    return AgentdError(
-        ErrorCode.BAD_REQUEST,
-        f"unknown agent {spec!r} — use echo, shell, exec:COMMAND or module:attribute",
-    )
-
-
-def _split_factory(spec: str) -> tuple[str, str] | None:
-    """``(module, attribute)`` if ``spec`` has that shape: a dotted module name and a name."""
-    module_name, sep, attr = spec.partition(":")
-    if (
-        sep
-        and attr.isidentifier()
-        and all(part.isidentifier() for part in module_name.split("."))
-    ):
-        return module_name, attr
-    return None
-
-
-def validate_agent_spec(spec: str) -> None:
-    """Cheap syntactic check the supervisor runs before spawning a worker for ``spec``.
-
-    It looks at no files and imports nothing: whether an ``exec`` program exists is decided
-    where it runs (the session's directory and environment), at its first turn.
-
-    Raises:
-        AgentdError: ``bad_request``, naming the accepted forms or what is wrong with this one.
-    """
-    if spec in ("echo", "shell"):
-        return
-    if spec.startswith(EXEC_PREFIX):
-        from ._exec import parse_exec_command
-
-        parse_exec_command(spec.removeprefix(EXEC_PREFIX))
-        return
-    if _split_factory(spec) is None:
-        raise _unknown(spec)
-
-
-@contextlib.contextmanager
-def _import_path(path: Sequence[str]) -> Iterator[None]:
-    added = [p for p in path if p not in sys.path]
-    sys.path[:0] = added
-    try:
-        yield
-    finally:
-        for p in added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(p)
-
-
 class AgentLoadError(AgentdError):
     """A ``module:attribute`` agent could not be built: its import failed (ImportError,
     SyntaxError, an exception at import time), the attribute is missing, the factory raised, or
@@ -153,58 +96,3 @@ class AgentStartError(AgentdError):
     """A turn could not start its agent's process (an ``exec:`` program that is missing or not
     executable, a shell that cannot start): the turn fails with this, and the session is shown
     ``failed`` with this cause until a turn succeeds or ``trio-agentd retry``."""
-
-
-def _last_line(exc: BaseException) -> str:
-    """The exception as the last line of its traceback: ``ModuleNotFoundError: No module named
-    'x'``; a SyntaxError keeps its file and line."""
-    text = " ".join(str(exc).split())  # one line, whatever the message holds
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def load_agent(spec: str, path: Sequence[str] = ()) -> Agent:
-    """Build the agent a spec names.
-
-    ``echo``, ``shell`` and ``exec:COMMAND`` are built in; ``module:attribute`` imports
-    ``module`` and calls ``attribute()`` (a factory taking no arguments). The import looks in
-    ``path`` first (the session's cwd and its ``PYTHONPATH``), for that import alone: the
-    worker itself never imports from where it happens to be.
-
-    Raises:
-        AgentdError: ``bad_request`` for a malformed spec.
-        AgentLoadError: ``agent_failed``: the module cannot be imported (any exception, a
-            SyntaxError included), it has no such attribute, the factory raised, or it returned
-            something without ``turn()``/``replayable``.
-    """
-    validate_agent_spec(spec)
-    if spec == "echo":
-        from ._echo import EchoAgent
-
-        return EchoAgent()
-    if spec == "shell":
-        from ._shell import ShellAgent
-
-        return ShellAgent()
-    if spec.startswith(EXEC_PREFIX):
-        from ._exec import ExecAgent, parse_exec_command
-
-        return ExecAgent(parse_exec_command(spec.removeprefix(EXEC_PREFIX)))
-    parts = _split_factory(spec)
-    assert parts is not None  # validated above
-    module_name, attr = parts
-    import traceback
-
-    try:
-        with _import_path(path):
-            module = importlib.import_module(module_name)
-        factory = getattr(module, attr)
-        agent = factory()
-    except (Exception, SystemExit) as exc:  # the user's code: what it raises is the answer
-        raise AgentLoadError(spec, _last_line(exc), traceback.format_exc()) from None
-    if not isinstance(agent, Agent):
-        raise AgentLoadError(
-            spec,
-            f"its factory returned {type(agent).__name__}, which has no turn()/replayable"
-            " (the factory must return an agent: see docs/agents.md)",
-        )
-    return agent

@@ -70,28 +70,6 @@ _TERM_GRACE = 0.1  # between SIGTERM and SIGKILL, once SIGINT's grace ran out
 _WRITE_SIZE = 65536
 
 
-def parse_exec_command(command: str) -> list[str]:
-    """Split the ``COMMAND`` of ``exec:COMMAND`` as a POSIX shell would, without running one.
-
-    Raises:
-        AgentdError: ``bad_request`` if the command is empty or cannot be split.
-    """
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise AgentdError(
-            ErrorCode.BAD_REQUEST,
-            f"cannot split the command of agent exec:{command}: {exc} — quote it as you would"
-            " in a POSIX shell",
-        ) from None
-    if not argv or not argv[0]:
-        raise AgentdError(
-            ErrorCode.BAD_REQUEST,
-            f"agent exec:{command} names no command — give the program to run, e.g. exec:cat",
-        )
-    return argv
-
-
 def child_environment(ctx: TurnContext) -> dict[str, str]:
     """The worker's environment plus the variables that tell a child which turn it serves."""
     return {

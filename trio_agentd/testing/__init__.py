@@ -60,10 +60,10 @@ if TYPE_CHECKING:
     from ._fakesession import FakeSession as FakeSession
     from ._fakesession import open_fake_session as open_fake_session
     from ._fakesupervisor import FakeSupervisor as FakeSupervisor
-    from ._fakesupervisor import FakeSupervisorOps as FakeSupervisorOps
     from ._fakesupervisor import MemoryClient as MemoryClient
     from ._fakesupervisor import MemoryListener as MemoryListener
     from ._fakesupervisor import open_fake_supervisor as open_fake_supervisor
+    from ._fakesupops import FakeSupervisorOps as FakeSupervisorOps
     from ._memory import MemoryRegistry as MemoryRegistry
     from ._memory import make_owner_record as make_owner_record
     from ._memory import make_worker_core as make_worker_core
@@ -83,7 +83,7 @@ _LAZY = {
     "FakeSession": "._fakesession",
     "open_fake_session": "._fakesession",
     "FakeSupervisor": "._fakesupervisor",
-    "FakeSupervisorOps": "._fakesupervisor",
+    "FakeSupervisorOps": "._fakesupops",
     "MemoryClient": "._fakesupervisor",
     "MemoryListener": "._fakesupervisor",
     "open_fake_supervisor": "._fakesupervisor",

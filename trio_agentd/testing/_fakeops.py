@@ -30,7 +30,7 @@ from ._memory import MemoryRegistry, make_worker_core
 
 if TYPE_CHECKING:
     from .._supervisor import Supervisor
-    from ._fakesupervisor import FakeSupervisorOps
+    from ._fakesupops import FakeSupervisorOps
 
 SUPERVISOR_GENERATION = "gen-1"
 SUPERVISOR_PID = 1000
@@ -229,7 +229,7 @@ class FakeWorkerOps:
     def for_supervisor(self, sup: Supervisor) -> FakeSupervisorOps:
         """``Supervisor(config, worker_ops=ops.for_supervisor)``: the supervisor's worker ops
         with these fake processes (descriptors, tokens and session files stay real)."""
-        from ._fakesupervisor import FakeSupervisorOps
+        from ._fakesupops import FakeSupervisorOps
 
         return FakeSupervisorOps(sup, self)
 

@@ -4,10 +4,10 @@
 real supervisor — startup, ownership record, self-check, idle sweep, every op, the shutdown
 drain — with these two seams swapped:
 
-- :class:`FakeSupervisorOps` — the process layer (spawn, connect, signals, exits) is a
-  :class:`~trio_agentd.testing.FakeWorkerOps` "machine" whose processes outlive the supervisor
-  (a successor adopts them); descriptors, tokens and session files are the real ones, written
-  under the config's (temporary) dirs.
+- :class:`~trio_agentd.testing.FakeSupervisorOps` (in ``_fakesupops``) — the process layer
+  (spawn, connect, signals, exits) is a :class:`~trio_agentd.testing.FakeWorkerOps` "machine"
+  whose processes outlive the supervisor (a successor adopts them); descriptors, tokens and
+  session files are the real ones, written under the config's (temporary) dirs.
 - :class:`MemoryListener` — clients connect over ``trio.testing.memory_stream_pair``;
   :class:`MemoryClient` speaks the protocol over such a stream.
 
@@ -30,75 +30,18 @@ from typing import TYPE_CHECKING, Any
 import trio
 import trio.testing
 
-from .. import _fs
 from .._errors import AgentdError, ErrorCode
-from .._fence import Claim
-from .._groupwrite import GroupWriter
-from .._handle import WorkerHandle
-from .._procops import ProcessWorkerOps
 from .._protocol import Event, Hello, Request, Response
-from .._recovery import Mode
-from .._session import read_meta, write_meta
 from .._stream import MessageStream
-from .._workerlink import WorkerLink
 from ..timing import TEST_VIRTUAL_TIME_LIMIT
 from ._daemon import fits_socket_dir
 from ._fakeops import Behaviour, FakeWorkerOps
+from ._fakesupops import FakeSupervisorOps as FakeSupervisorOps
 
 if TYPE_CHECKING:
     from .._supervisor import Supervisor
     from ..agents import Agent
     from ..timing import Timing
-
-
-class FakeSupervisorOps(ProcessWorkerOps):
-    """A supervisor's :class:`ProcessWorkerOps` whose processes are ``machine``'s fakes.
-
-    Built by :meth:`FakeWorkerOps.for_supervisor`. A spawn writes the session's metadata, its
-    token and its descriptor (``starting``, before the worker is ready) as a real one does; a
-    connect authenticates with the supervisor's own claim, which the fake worker checks against
-    the registry it reads (``FakeWorkerOps(registry_dir=...)``: the supervisor's real one).
-    """
-
-    def __init__(self, sup: Supervisor, machine: FakeWorkerOps) -> None:
-        super().__init__(sup.layout, sup.ownership, sup.timing)
-        self.machine = machine
-        self.writer = GroupWriter(threaded=False)  # a thread would let virtual time jump
-
-    def claim(self) -> Claim:
-        own = self.ownership.record
-        return Claim(generation=own.generation, pid=own.pid, start_id=own.start_id,
-                     socket=self.layout.socket)
-
-    def alive(self, h: WorkerHandle) -> bool:
-        return self.machine.alive(h)
-
-    def signal(self, h: WorkerHandle, sig: int) -> bool:
-        return self.machine.signal(h, sig)
-
-    async def wait_exit(self, h: WorkerHandle) -> None:
-        await self.machine.wait_exit(h)
-
-    async def connect(self, h: WorkerHandle) -> WorkerLink:
-        link = await self.machine.connect(h, claim=self.claim())
-        self.exhausted.pop(h.session_id, None)
-        return link
-
-    async def spawn(self, h: WorkerHandle) -> None:
-        self.exhausted.pop(h.session_id, None)
-        L = self.layout
-        session_dir = L.session_dir(h.session_id)
-        if read_meta(session_dir) is None:
-            write_meta(session_dir, {"session": h.session_id, "agent": h.agent, "cwd": h.cwd,
-                                     "created_at": h.created_at, "socket": L.socket,
-                                     "env": h.env or {}})
-
-        def started() -> None:
-            assert h.token is not None
-            _fs.atomic_write(L.token_path(h.session_id), h.token.encode(), mode=0o600)
-            self.persist(h, lifecycle=Mode.STARTING)  # on disk before the worker works
-
-        await self.machine.start_process(h, started=started)
 
 
 class MemoryListener:
