@@ -21,7 +21,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_agentd import _client, _syncconn
+from trio_agentd import _client, _syncclient, _syncconn
 from trio_agentd._aio import MessageStream as ClientStream
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._grant import make_grant
