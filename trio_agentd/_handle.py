@@ -140,8 +140,11 @@ class WorkerHandle:
         cwd: str,
         *,
         created_at: str | None = None,
+        spawn_limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         self.ops = ops
+        # shared by a supervisor's handles: at most so many worker starts at once
+        self.spawn_limiter = spawn_limiter
         self.timing = ops.timing
         self.session_id = session_id
         self.agent = agent
@@ -610,11 +613,13 @@ class WorkerHandle:
                     return StopDeclined()
                 return await self._stop(graceful=graceful)
             case Spawn(timeout=timeout):
-                self._note("spawn")
                 self._spawn_failure = ""
-                with trio.move_on_after(timeout):
-                    if await self._spawn():
-                        return Spawned()
+                async with self.spawn_limiter or contextlib.nullcontext():
+                    # the start's own deadline counts from its slot, not from the queue
+                    self._note("spawn")
+                    with trio.move_on_after(timeout):
+                        if await self._spawn():
+                            return Spawned()
                 # failed or not ready in time: make sure it is gone before anything else
                 outcome = await self._stop(graceful=False)
                 return SpawnFailed(self._spawn_failure) if outcome.confirmed else outcome

@@ -104,6 +104,10 @@ class SupervisorConfig:
     max_clients: int = MAX_CLIENT_CONNECTIONS
     max_sessions: int = MAX_SESSIONS
     default_agent: str = "echo"  # of a new session prompted without an agent
+    # start the worker fork template (and its spare worker) as the supervisor starts, not at
+    # the first session's start: the daemon does; an embedded supervisor (open_supervisor)
+    # starts it when a session first needs a worker
+    prefork: bool = False
 
     def layout(self) -> Layout:
         return Layout.resolve(socket=self.socket, home=self.home, registry=self.registry)
@@ -240,6 +244,10 @@ class Supervisor:
                     self._service = service
                     self.ops.nursery = service
                     service.start_soon(self.ops.writer.run)
+                    if self.config.prefork:
+                        # the fork template starts now, beside everything else: the first
+                        # session's worker need not wait for it
+                        self.ops.start_template()
                     self.ownership.bind_nursery(service)
                     async with trio.open_nursery() as clients:
                         self._clients = clients
@@ -573,6 +581,8 @@ class Supervisor:
             sessions = [] if stamp is not None and stamp == self._sessions_stamp else list(
                 self.sessions.values())
             for h in sessions:
+                if h.pid is None:
+                    continue  # no worker started yet: its first start makes the dir
                 session_dir = L.session_dir(h.session_id)
                 if not session_dir.is_dir():
                     write_meta(session_dir, {
@@ -1243,6 +1253,8 @@ class Supervisor:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "phase": str(self.ownership.record.phase),
             "restores": self.ownership.statistics().restores,
+            # workers forked ahead of need, parked until a session's start takes one
+            "spare_pids": [sp.pid for sp in fs.spares] if (fs := self.ops.forkserver) else [],
         }
 
 

@@ -1149,7 +1149,7 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     config = SupervisorConfig(
         socket=layout.socket, home=str(layout.home), registry=str(layout.registry), timing=timing,
-        **getattr(args, "supervisor_options", {}),
+        prefork=True, **getattr(args, "supervisor_options", {}),
     )
     from ._sdactivate import take_listener
     from ._sdnotify import NOTIFY_ENV, Notifier
