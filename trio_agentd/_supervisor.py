@@ -46,7 +46,7 @@ from ._exhaustion import (
     is_exhaustion,
 )
 from ._grant import make_grant
-from ._handle import SessionRetired, WorkerHandle
+from ._handle import SessionRetired, StopBatch, WorkerHandle
 from ._identity import is_alive, own_start_id, peer_credentials
 from ._ownership import Phase
 from ._paths import Layout, check_socket_path
@@ -324,14 +324,19 @@ class Supervisor:
         log.info("restart: started the new supervisor, pid %s", proc.pid)
 
     async def _stop(self, service: trio.Nursery) -> None:
-        with contextlib.suppress(AgentdError, OSError):
-            await self.ownership.set_phase(Phase.STOPPING)
+        if self.ownership.record.phase is not Phase.STOPPING:  # (serve wrote it already)
+            with contextlib.suppress(AgentdError, OSError):
+                await self.ownership.set_phase(Phase.STOPPING)
         self._close_listener(unlink=True)
         if self.stop_workers:
             with trio.move_on_after(
                 2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 2
             ):
-                done = [h.request_stop(graceful=True) for h in self.sessions.values()]
+                # one batch: every intent in one commit, every worker told to stop before
+                # any is waited for, one grace for them all
+                batch = StopBatch(trio.current_time() + self.timing.stop_grace)
+                done = [h.request_stop(graceful=True, batch=batch)
+                        for h in self.sessions.values()]
                 for event in done:
                     await event.wait()
         # every descriptor written so far is on disk before the next supervisor reads them
