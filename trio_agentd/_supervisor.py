@@ -184,7 +184,6 @@ class Supervisor:
         self.killed: set[str] = set()
         self._sessions_stamp: int | None = None  # mtime of sessions/ at the last heal check
         self._loaded: list[tuple[WorkerHandle, bool, Mode]] = []
-        self._create_lock = trio.Lock()
         # sessions being removed (`trio-agentd rm`): a command for one waits until it is gone,
         # then makes it anew
         self._removing: dict[str, trio.Event] = {}
@@ -752,46 +751,51 @@ class Supervisor:
             if cwd_given and cwd is not None:
                 _check_cwd(session_id, known.cwd, cwd)
             return known  # the per-command fast path: no lock, no checkpoint
-        async with self._create_lock:
-            h = self.sessions.get(session_id)
-            if h is None:
-                meta = read_meta(self.layout.session_dir(session_id))
-                if meta is None and not create:
-                    raise AgentdError(
-                        ErrorCode.UNKNOWN_SESSION,
-                        f"no session {session_id!r} — create it with"
-                        f" `trio-agentd prompt -s {session_id} TEXT`",
-                    )
-                known_agent = str(meta["agent"]) if meta and "agent" in meta else None
-                use_agent = agent or known_agent or self.config.default_agent
-                if known_agent is not None and agent is not None and agent != known_agent:
-                    raise _agent_mismatch(session_id, known_agent, agent)
-                known_cwd = (meta or {}).get("cwd")
-                if cwd_given and cwd is not None and isinstance(known_cwd, str):
-                    _check_cwd(session_id, known_cwd, cwd)
-                validate_agent_spec(use_agent)
-                if len(self.sessions) >= self.config.max_sessions:
-                    raise AgentdError(
-                        ErrorCode.RESOURCE_EXHAUSTED,
-                        f"this supervisor already runs the most sessions it may"
-                        f" ({self.config.max_sessions}) — `trio-agentd kill` sessions you no"
-                        " longer need",
-                        {"limit": "max_sessions", "value": self.config.max_sessions},
-                    )
-                self._claim_session(session_id, meta)
-                h = self.ops.new_handle(
-                    session_id, use_agent,
-                    (meta or {}).get("cwd") or cwd or str(self.layout.session_dir(session_id)),
-                    None if env is None else agent_environment(env),
+        # no await from here to the return: a session is looked up and created atomically,
+        # with no lock (a lock's checkpoint would make 100 new sessions queue one scheduling
+        # round each)
+        h = self.sessions.get(session_id)
+        if h is None:
+            meta = read_meta(self.layout.session_dir(session_id))
+            if meta is None and not create:
+                raise AgentdError(
+                    ErrorCode.UNKNOWN_SESSION,
+                    f"no session {session_id!r} — create it with"
+                    f" `trio-agentd prompt -s {session_id} TEXT`",
                 )
-                self.sessions[session_id] = h
-                self.killed.discard(session_id)  # made anew by a new command
-                await self._supervise(h, alive=False, lifecycle=Mode.STOPPED)
-            elif agent is not None and agent != h.agent:
-                raise _agent_mismatch(session_id, h.agent, agent)
-            elif cwd_given and cwd is not None:
-                _check_cwd(session_id, h.cwd, cwd)
-            return h
+            known_agent = str(meta["agent"]) if meta and "agent" in meta else None
+            use_agent = agent or known_agent or self.config.default_agent
+            if known_agent is not None and agent is not None and agent != known_agent:
+                raise _agent_mismatch(session_id, known_agent, agent)
+            known_cwd = (meta or {}).get("cwd")
+            if cwd_given and cwd is not None and isinstance(known_cwd, str):
+                _check_cwd(session_id, known_cwd, cwd)
+            validate_agent_spec(use_agent)
+            if len(self.sessions) >= self.config.max_sessions:
+                raise AgentdError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"this supervisor already runs the most sessions it may"
+                    f" ({self.config.max_sessions}) — `trio-agentd kill` sessions you no"
+                    " longer need",
+                    {"limit": "max_sessions", "value": self.config.max_sessions},
+                )
+            self._claim_session(session_id, meta)
+            h = self.ops.new_handle(
+                session_id, use_agent,
+                (meta or {}).get("cwd") or cwd or str(self.layout.session_dir(session_id)),
+                None if env is None else agent_environment(env),
+            )
+            self.sessions[session_id] = h
+            self.killed.discard(session_id)  # made anew by a new command
+            # started, not awaited (its commands wait for readiness, and their demand starts
+            # its worker whenever the task runs)
+            self.service_nursery.start_soon(functools.partial(
+                h.supervise, alive=False, wanted=False, failed=False))
+        elif agent is not None and agent != h.agent:
+            raise _agent_mismatch(session_id, h.agent, agent)
+        elif cwd_given and cwd is not None:
+            _check_cwd(session_id, h.cwd, cwd)
+        return h
 
     def _claim_session(self, session_id: str, meta: dict[str, Any] | None) -> None:
         """A session lives in one supervisor at a time (sessions are per home, workers per

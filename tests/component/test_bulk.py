@@ -164,3 +164,20 @@ async def test_a_session_still_starting_does_not_hold_up_the_batch(
         await event.wait()
     assert trio.current_time() == t0  # not after the starting one's stop_grace
     assert [p.alive for p in ops.processes] == [False, False, True]
+
+
+async def test_a_new_session_is_made_without_waiting_for_a_scheduling_round(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Creating a session never yields (no lock, no awaited task start): 100 new sessions at
+    once do not queue behind each other one scheduling round each. Shown with a cancelled
+    scope, where any checkpoint would raise."""
+    async with open_fake_supervisor(tmp_path) as fake:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            handles = [await fake.sup.get_session(f"s{i}", None, "/", create=True)
+                       for i in range(100)]
+        assert not scope.cancelled_caught
+        assert [h.session_id for h in handles] == [f"s{i}" for i in range(100)]
+        response = await fake.prompt("hi", session="s7")  # its worker starts on demand
+        assert response.ok, response
