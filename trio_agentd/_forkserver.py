@@ -317,6 +317,79 @@ def serve_template() -> None:
 
 # --- the supervisor's side ----------------------------------------------------------------------
 
+# a template started by :func:`start_early` before the daemon's own imports, for its first
+# :class:`ForkServer` to take: (the process, our end of its socket, the environment it got)
+_early: tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]] | None = None
+# what a template must not inherit from a daemon a service manager started (the supervisor
+# takes these for itself and removes them before anything else is started)
+_MANAGER_VARIABLES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
+                      "LISTEN_PID", "LISTEN_FDNAMES")
+
+
+def start_early() -> None:
+    """Start the daemon's fork template now, before the daemon imports trio and its own
+    modules: its Python start and imports run beside the supervisor's, instead of after them
+    (``trio-agentd daemon`` calls this first). Plain ``subprocess``, no trio; a failure to
+    start it is not an error (the first worker start starts one). If the daemon exits
+    without taking it, its socket closes and it exits."""
+    global _early
+    from ._trust import isolated_python
+
+    env = {k: v for k, v in os.environ.items() if k not in _MANAGER_VARIABLES}
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return
+    try:
+        proc = subprocess.Popen(
+            [*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
+            stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/", env=env,
+        )
+    except OSError:
+        ours.close()
+        return
+    finally:
+        theirs.close()
+    _early = (proc, ours, env)
+
+
+def _take_early() -> tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]] | None:
+    global _early
+    early, _early = _early, None
+    return early
+
+
+class _EarlyProcess:
+    """A template started by :func:`start_early` (a ``subprocess.Popen``), with the little of
+    ``trio.Process`` the fork server uses; its exit is waited for with a pidfd."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._popen.kill()
+
+    async def wait(self) -> int:
+        import trio
+
+        while self._popen.poll() is None:
+            try:
+                fd = os.pidfd_open(self.pid)
+            except OSError:
+                await trio.sleep(0.05)  # no pidfd to spare: look again
+                continue
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                os.close(fd)
+        return self._popen.wait()
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -369,7 +442,7 @@ class ForkServer:
         self._send_lock = trio.Lock()
         self._pending: collections.deque[_Pending] = collections.deque()
         self._wake = trio.Event()
-        self._proc: trio.Process | None = None
+        self._proc: trio.Process | _EarlyProcess | None = None
         self.max_spares = max_spares
         self.demand_window = demand_window
         self.spares: collections.deque[Spare] = collections.deque()
@@ -419,18 +492,23 @@ class ForkServer:
         from ._trust import isolated_python
 
         self._proc = None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._env = dict(os.environ)
-        try:
-            self._proc = await trio.lowlevel.open_process(
-                [*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
-                stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/", env=self._env,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        early = _take_early()
+        if early is not None:
+            popen, ours, self._env = early
+            self._proc = _EarlyProcess(popen)
+        else:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._env = dict(os.environ)
+            try:
+                self._proc = await trio.lowlevel.open_process(
+                    [*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
+                    stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/", env=self._env,
+                )
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
         self.starts += 1
         self._sock = trio.socket.from_stdlib_socket(ours)
         ok = False
@@ -474,7 +552,7 @@ class ForkServer:
             with contextlib.suppress(OSError):
                 self._proc.kill()
 
-    def _wedged(self, proc: trio.Process) -> None:
+    def _wedged(self, proc: trio.Process | _EarlyProcess) -> None:
         import trio
 
         with contextlib.suppress(OSError):
@@ -484,7 +562,7 @@ class ForkServer:
         while self._pending:
             self._pending.popleft().done.set()
 
-    async def _read_replies(self, proc: trio.Process) -> None:
+    async def _read_replies(self, proc: trio.Process | _EarlyProcess) -> None:
         """Answer the pending requests in order; a template silent for ``REQUEST_TIMEOUT``
         with a request pending (or answering garbage) is killed."""
         import trio

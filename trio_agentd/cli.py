@@ -1123,6 +1123,9 @@ def _client_or_none(layout: Layout) -> Any:
 
 
 def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
+    from ._forkserver import start_early
+
+    start_early()  # the worker fork template starts beside the imports below, not after them
     import logging
 
     import trio
