@@ -77,7 +77,7 @@ class ProcessWorkerOps:
         self.timing = timing
         self.nursery: trio.Nursery | None = None  # for reapers; set once the supervisor runs
         self._children: dict[int, trio.Process] = {}
-        # the template that forks workers (started at the first spawn, in ``nursery``)
+        # the template that forks workers (started by start_template, or the first spawn)
         self.forkserver: ForkServer | None = None
         # session → why its last start or connect ran out of resources or of room for its
         # files (cleared by a connect that succeeds): the supervisor answers
@@ -344,8 +344,9 @@ class ProcessWorkerOps:
         self, env: dict[str, str], log_fd: int
     ) -> tuple[int, trio.lowlevel.FdStream, trio.lowlevel.FdStream] | None:
         """A worker forked by the template: (pid, its stdin, its stdout), or ``None`` when
-        the template cannot fork it now (the worker is exec'd). The first spawn starts the
-        template and waits for it; while one that died is restarted, workers are exec'd."""
+        the template cannot fork it now (the worker is exec'd). A parked spare is taken
+        first (no fork). The first spawn starts the template if nothing did and waits for
+        it; while one that died is restarted, workers are exec'd."""
         self.start_template()
         fs = self.forkserver
         if fs is None:
