@@ -63,6 +63,8 @@ INTERPRETER_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE")
 # how long the template may take to start (a Python start and the imports), and to answer
 READY_TIMEOUT = 30.0
 REQUEST_TIMEOUT = 5.0
+# a spare that could not be forked (no descriptors, no processes) is tried again after this
+SPARE_RETRY_DELAY = 1.0
 MAX_RESTART_DELAY = 60.0
 
 
@@ -453,6 +455,7 @@ class ForkServer:
         from trio_util import AsyncValue
 
         self.parked: AsyncValue[int] = AsyncValue(0)
+        self._spare_failure: str | None = None  # the last cause logged
 
     async def run(self) -> None:
         """Keep a template running until cancelled (then kill it); never raises else."""
@@ -528,7 +531,7 @@ class ForkServer:
                 if ok:
                     nursery.start_soon(self._read_replies, self._proc)
                     if self.max_spares > 0:
-                        nursery.start_soon(self._keep_spares)
+                        nursery.start_soon(self._keep_spares_logged)
                 await self._proc.wait()
                 nursery.cancel_scope.cancel()
             return ok
@@ -725,6 +728,25 @@ class ForkServer:
             self.spares.popleft().sock.close()
         self.parked.value = 0
 
+    def _spare_error(self, exc: OSError) -> None:
+        """Logged once per cause until a spare is forked again (out of descriptors, the
+        same error comes every retry)."""
+        cause = f"{exc.errno}:{exc}"
+        if cause != self._spare_failure:
+            log.warning("could not fork a spare worker: %s; worker starts fork as they come",
+                        exc)
+        self._spare_failure = cause
+
+    async def _keep_spares_logged(self) -> None:
+        """:meth:`_keep_spares`; a bug there costs the spares, never the template or the
+        supervisor (logged with its traceback)."""
+        try:
+            await self._keep_spares()
+        except Exception:
+            log.exception("spare workers: stopped keeping them (worker starts fork as they"
+                          " come)")
+            self.drop_spares()
+
     async def _keep_spares(self) -> None:
         """While this template runs: fork spares up to the target, drop those beyond it."""
         import trio
@@ -738,7 +760,13 @@ class ForkServer:
                 self.spares.pop().sock.close()
                 self.parked.value = len(self.spares)
             if len(self.spares) < target and self.usable_for(self._env):
-                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                except OSError as exc:
+                    # out of descriptors (or memory): no spare for now; starts fork as before
+                    self._spare_error(exc)
+                    await trio.sleep(max(self.restart_delay, SPARE_RETRY_DELAY))
+                    continue
                 try:
                     reply = await self._request(json.dumps({"spare": True}).encode(),
                                                 [theirs.fileno()])
@@ -751,12 +779,14 @@ class ForkServer:
                 if not isinstance(pid, int) or pid <= 0:
                     ours.close()
                     if reply is not None:
-                        log.warning("could not fork a spare worker: %s", reply.get("error"))
-                    await trio.sleep(self.restart_delay)
+                        self._spare_error(OSError(reply.get("errno") or 0,
+                                                  str(reply.get("error") or "fork failed")))
+                    await trio.sleep(max(self.restart_delay, SPARE_RETRY_DELAY))
                     continue
                 self.spares.append(Spare(pid, read_start_id(pid), ours,
                                          interpreter_env(self._env)))
                 self.parked.value = len(self.spares)
+                self._spare_failure = None
                 continue
             self._spares_changed = trio.Event()
             # the demand ages out: look again once the oldest start leaves the window
