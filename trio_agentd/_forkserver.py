@@ -29,11 +29,13 @@ socket closes: with the supervisor, also on ``kill -9``.
 from __future__ import annotations
 
 import array
+import collections
 import contextlib
 import errno as _errno
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -61,6 +63,8 @@ INTERPRETER_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE")
 # how long the template may take to start (a Python start and the imports), and to answer
 READY_TIMEOUT = 30.0
 REQUEST_TIMEOUT = 5.0
+# a spare that could not be forked (no descriptors, no processes) is tried again after this
+SPARE_RETRY_DELAY = 1.0
 MAX_RESTART_DELAY = 60.0
 
 
@@ -127,51 +131,84 @@ def _reply(sock: socket.socket, obj: object) -> None:
 
 def _fork_worker(sock: socket.socket, fds: list[int], env: dict[str, str]) -> _WorkerStart | None:
     """Fork a worker; in the worker return what it takes over, in the template ``None``
-    (after answering the supervisor with the worker's pid or the errno of the failure)."""
-    r, w = os.pipe()
+    (after answering the supervisor with the worker's pid or the errno of the failure).
+
+    One fork, and the answer at once: the template waits for no other process to be
+    scheduled, so a burst of requests is served back to back (a worker that exits is reaped
+    by the kernel: the template ignores SIGCHLD)."""
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # what the loop allocated since, too: the children share it untouched
     try:
-        middle = os.fork()
+        pid = os.fork()
     except OSError as exc:
-        os.close(r)
-        os.close(w)
+        _close_all(fds)
         _reply(sock, {"errno": exc.errno, "error": str(exc)})
         return None
-    if middle == 0:
-        try:
-            os.close(r)
-            worker = os.fork()
-        except OSError as exc:
-            os.write(w, b"E%d" % (exc.errno or _errno.EAGAIN))
-            os._exit(0)
-        if worker != 0:
-            os._exit(0)  # the worker is orphaned now: no child of the template
-        os.setsid()  # before its pid is known to anyone: it leads its own group at once
-        os.write(w, b"%d" % os.getpid())
-        os.close(w)
+    if pid == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a worker waits for its own children
+        os.setsid()  # its own session and group, before it does anything else
         in_fd, out_fd, err_fd = fds
         return _WorkerStart((in_fd, out_fd, err_fd), env)
-    os.close(w)
-    data = b""
-    try:
-        while len(data) < 32:
-            chunk = os.read(r, 32)
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(r)
-    os.waitpid(middle, 0)
-    if data.startswith(b"E"):
-        code = int(data[1:] or _errno.EAGAIN)
-        _reply(sock, {"errno": code, "error": os.strerror(code)})
-    elif data.isdigit():
-        _reply(sock, {"pid": int(data)})
-    else:
-        _reply(sock, {"errno": _errno.ECHILD, "error": "the forked worker died at once"})
+    _close_all(fds)  # the worker's alone before anyone hears of it
+    _reply(sock, {"pid": pid})
     return None
+
+
+def _fork_spare(sock: socket.socket, ctrl: int) -> _WorkerStart | None:
+    """Fork a *spare*: a worker forked ahead of need, parked on ``ctrl`` (its end of a
+    socketpair the supervisor made) until the supervisor sends it one start request (the
+    template's format: three descriptors and an environment). In the spare this returns
+    that request; it exits when ``ctrl`` closes first (the supervisor dropped it, or died)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(ctrl)
+        _reply(sock, {"errno": exc.errno, "error": str(exc)})
+        return None
+    if pid != 0:
+        os.close(ctrl)  # the spare's alone before anyone hears of it
+        _reply(sock, {"pid": pid})
+        return None
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    sock.detach()  # closed below by number: the template's loop must not close it again
+    # nothing of the template's: only 0, 1, 2 on /dev/null and the control socket
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.dup2(ctrl, 3)
+    os.closerange(4, _max_fd())
+    parked = socket.socket(fileno=3)
+    try:
+        got = _receive_request(parked)
+    except OSError:
+        got = None
+    parked.close()
+    start = _parse_start(got)
+    if start is None:
+        os._exit(0)  # dropped (EOF), or a request it cannot run: nothing to clean up
+    return start
+
+
+def _parse_start(got: tuple[list[int], bytes] | None) -> _WorkerStart | None:
+    if got is None:
+        return None
+    fds, body = got
+    try:
+        env = json.loads(body)["env"]
+        ok = len(fds) == 3 and isinstance(env, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        )
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        _close_all(fds)
+        return None
+    return _WorkerStart((fds[0], fds[1], fds[2]), env)
 
 
 def _serve(sock: socket.socket) -> _WorkerStart | None:
@@ -182,21 +219,24 @@ def _serve(sock: socket.socket) -> _WorkerStart | None:
             return None
         fds, body = got
         try:
-            env = json.loads(body)["env"]
-            ok = len(fds) == 3 and isinstance(env, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-            )
-        except (ValueError, KeyError, TypeError):
-            ok = False
-        if not ok:
-            _close_all(fds)
-            _reply(sock, {"errno": _errno.EINVAL, "error": "malformed request"})
-            continue
-        start = _fork_worker(sock, fds, env)
+            spare = json.loads(body).get("spare") is True
+        except (ValueError, AttributeError):
+            spare = False
+        if spare:
+            if len(fds) != 1:
+                _close_all(fds)
+                _reply(sock, {"errno": _errno.EINVAL, "error": "malformed request"})
+                continue
+            start = _fork_spare(sock, fds[0])
+        else:
+            parsed = _parse_start(got)
+            if parsed is None:
+                _reply(sock, {"errno": _errno.EINVAL, "error": "malformed request"})
+                continue
+            start = _fork_worker(sock, list(parsed.fds), parsed.env)
         if start is not None:
             sock.close()
             return start
-        _close_all(fds)
 
 
 def _preload() -> None:
@@ -242,6 +282,9 @@ def serve_template() -> None:
     # Ctrl-C on a foreground supervisor reaches its process group: the template ends with
     # the supervisor (its socket closes), never with a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the workers and spares it forks are its children: the kernel reaps them (no zombies,
+    # no wait for one); each sets SIGCHLD back to the default at once
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     # no collection in the template at all: every object it makes stays where it is, on
     # pages its children share (a collection would free holes in them, for a child to fill)
     gc.disable()
@@ -276,12 +319,118 @@ def serve_template() -> None:
 
 # --- the supervisor's side ----------------------------------------------------------------------
 
+# a template started by :func:`start_early` before the daemon's own imports, for its first
+# :class:`ForkServer` to take: (the process, our end of its socket, the environment it got)
+_early: tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]] | None = None
+# what a template must not inherit from a daemon a service manager started (the supervisor
+# takes these for itself and removes them before anything else is started)
+_MANAGER_VARIABLES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
+                      "LISTEN_PID", "LISTEN_FDNAMES")
+
+
+def start_early() -> None:
+    """Start the daemon's fork template now, before the daemon imports trio and its own
+    modules: its Python start and imports run beside the supervisor's, instead of after them
+    (``trio-agentd daemon`` calls this first). Plain ``subprocess``, no trio; a failure to
+    start it is not an error (the first worker start starts one). If the daemon exits
+    without taking it, its socket closes and it exits."""
+    global _early
+    from ._trust import isolated_python
+
+    env = {k: v for k, v in os.environ.items() if k not in _MANAGER_VARIABLES}
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return
+    try:
+        proc = subprocess.Popen(
+            [*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
+            stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/", env=env,
+        )
+    except OSError:
+        ours.close()
+        return
+    finally:
+        theirs.close()
+    _early = (proc, ours, env)
+
+
+def _take_early() -> tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]] | None:
+    global _early
+    early, _early = _early, None
+    return early
+
+
+class _EarlyProcess:
+    """A template started by :func:`start_early` (a ``subprocess.Popen``), with the little of
+    ``trio.Process`` the fork server uses; its exit is waited for with a pidfd."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._popen.kill()
+
+    async def wait(self) -> int:
+        import trio
+
+        while self._popen.poll() is None:
+            try:
+                fd = os.pidfd_open(self.pid)
+            except OSError:
+                await trio.sleep(0.05)  # no pidfd to spare: look again
+                continue
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                os.close(fd)
+        return self._popen.wait()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One request's answer, in the order the requests were sent."""
+
+    done: trio.Event
+    reply: object = None
+
+
+@dataclass(slots=True)
+class Spare:
+    """A spare worker: forked, parked on ``sock`` until it is given one session's start."""
+
+    pid: int
+    start_id: str | None
+    sock: socket.socket
+    interpreter: dict[str, str | None]
+
 
 class ForkServer:
     """The template of one supervisor: started by :meth:`run` (in the service nursery),
-    restarted when it dies, killed when :meth:`run` is cancelled."""
+    restarted when it dies, killed when :meth:`run` is cancelled.
 
-    def __init__(self, restart_delay: float) -> None:
+    Requests are pipelined: each is sent whole (one sender at a time) and its answer is read,
+    in order, by one reader task, so many spawns are forked back to back. A template that
+    leaves a request unanswered for ``REQUEST_TIMEOUT`` is wedged: it is killed (every request
+    waiting gets ``None``: exec) and started again. A caller cancelled while it waits simply
+    stops waiting; the answer is read and dropped (a worker forked for it finds its stdin
+    closed before the gate and exits).
+
+    Spares (:meth:`take_spare`): while a template is ready, ``spare_target()`` spares are
+    kept forked and parked (at least one; more after a burst of spawns, see :meth:`note_spawn`).
+    A spare holds only ``/dev/null`` and its end of a socketpair whose other end only this
+    object holds: it is given exactly one start, or exits when that socket closes — on a
+    drop, on the supervisor's exit and on its ``kill -9`` alike.
+    """
+
+    def __init__(self, restart_delay: float, *, max_spares: int = 0,
+                 demand_window: float = 10.0) -> None:
         import trio
 
         self.restart_delay = restart_delay
@@ -292,8 +441,21 @@ class ForkServer:
         self.settled = trio.Event()
         self._sock: trio.socket.SocketType | None = None
         self._env: dict[str, str] = {}
-        self._lock = trio.Lock()
-        self._proc: trio.Process | None = None
+        self._send_lock = trio.Lock()
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._wake = trio.Event()
+        self._proc: trio.Process | _EarlyProcess | None = None
+        self.max_spares = max_spares
+        self.demand_window = demand_window
+        self.spares: collections.deque[Spare] = collections.deque()
+        self._demand: collections.deque[float] = collections.deque()  # spawn times, recent
+        self._spares_changed = trio.Event()
+        self.spares_used = 0
+        # how many spares are parked now: ``await fs.parked.wait_value(lambda n: n > 0)``
+        from trio_util import AsyncValue
+
+        self.parked: AsyncValue[int] = AsyncValue(0)
+        self._spare_failure: str | None = None  # the last cause logged
 
     async def run(self) -> None:
         """Keep a template running until cancelled (then kill it); never raises else."""
@@ -316,6 +478,7 @@ class ForkServer:
                 await trio.sleep(delay)
         finally:
             self._close()
+            self.drop_spares()
             if self._proc is not None:
                 with trio.move_on_after(2, shield=True):
                     await self._proc.wait()
@@ -332,18 +495,23 @@ class ForkServer:
         from ._trust import isolated_python
 
         self._proc = None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._env = dict(os.environ)
-        try:
-            self._proc = await trio.lowlevel.open_process(
-                [*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
-                stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/", env=self._env,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        early = _take_early()
+        if early is not None:
+            popen, ours, self._env = early
+            self._proc = _EarlyProcess(popen)
+        else:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._env = dict(os.environ)
+            try:
+                self._proc = await trio.lowlevel.open_process(
+                    [*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
+                    stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/", env=self._env,
+                )
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
         self.starts += 1
         self._sock = trio.socket.from_stdlib_socket(ours)
         ok = False
@@ -359,7 +527,13 @@ class ForkServer:
                           " above); new workers are exec'd")
                 self._proc.kill()
             self.settled.set()
-            await self._proc.wait()
+            async with trio.open_nursery() as nursery:
+                if ok:
+                    nursery.start_soon(self._read_replies, self._proc)
+                    if self.max_spares > 0:
+                        nursery.start_soon(self._keep_spares_logged)
+                await self._proc.wait()
+                nursery.cancel_scope.cancel()
             return ok
         finally:
             self._close()
@@ -373,11 +547,49 @@ class ForkServer:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        while self._pending:  # the template is gone: nobody answers these (exec instead)
+            self._pending.popleft().done.set()
         if self._proc is not None and self._proc.returncode is None:
             # cancelled (the supervisor stops): the template goes too (its socket is closed
             # anyway; it would exit on its own)
             with contextlib.suppress(OSError):
                 self._proc.kill()
+
+    def _wedged(self, proc: trio.Process | _EarlyProcess) -> None:
+        import trio
+
+        with contextlib.suppress(OSError):
+            proc.kill()
+        if self.ready.is_set():
+            self.ready = trio.Event()
+        while self._pending:
+            self._pending.popleft().done.set()
+
+    async def _read_replies(self, proc: trio.Process | _EarlyProcess) -> None:
+        """Answer the pending requests in order; a template silent for ``REQUEST_TIMEOUT``
+        with a request pending (or answering garbage) is killed."""
+        import trio
+
+        while True:
+            while not self._pending:
+                await self._wake.wait()
+                self._wake = trio.Event()
+            reply: object = None
+            with trio.move_on_after(REQUEST_TIMEOUT):
+                try:
+                    reply = await self._read_reply()
+                except (OSError, ValueError, trio.ClosedResourceError,
+                        trio.BrokenResourceError):
+                    reply = None
+            if not isinstance(reply, dict):
+                log.warning("the worker fork template did not answer; exec'ing workers until"
+                            " it is started again")
+                self._wedged(proc)
+                return
+            if self._pending:
+                head = self._pending.popleft()
+                head.reply = reply
+                head.done.set()
 
     async def _read_reply(self) -> object:
         assert self._sock is not None
@@ -403,6 +615,35 @@ class ForkServer:
     def usable_for(self, env: Mapping[str, str]) -> bool:
         return self.ready.is_set() and interpreter_env(env) == interpreter_env(self._env)
 
+    async def _request(self, body: bytes, fds: list[int]) -> dict[str, object] | None:
+        """Send one request and wait for its answer; ``None`` when no template answers."""
+        import trio
+
+        data = _HEADER.pack(len(body)) + body
+        pending = _Pending(trio.Event())
+        async with self._send_lock:
+            sock, proc = self._sock, self._proc
+            if sock is None or proc is None or not self.ready.is_set():
+                return None
+            # queued before the first byte goes: the reader may read the answer before this
+            # task runs again
+            self._pending.append(pending)
+            self._wake.set()
+            try:
+                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                sent = await sock.sendmsg([data], anc)
+                while sent < len(data):  # a big environment: the rest
+                    sent += await sock.send(data[sent:])
+            except (OSError, trio.ClosedResourceError, trio.BrokenResourceError):
+                self._wedged(proc)
+                return None
+            except BaseException:
+                # cancelled halfway: the stream is garbled, the template goes (and restarts)
+                self._wedged(proc)
+                raise
+        await pending.done.wait()
+        return pending.reply if isinstance(pending.reply, dict) else None
+
     async def spawn(self, env: Mapping[str, str], fds: tuple[int, int, int]) -> int | None:
         """Fork a worker with these stdin, stdout and stderr descriptors (the caller keeps
         and closes them) and this environment; its pid, or ``None`` when no template can
@@ -410,49 +651,145 @@ class ForkServer:
 
         Raises:
             OSError: the template could not fork (EAGAIN, ENOMEM…).
-        """
-        import trio
 
+        Cancellation: the caller stops waiting; the template forks anyway, and that worker
+        exits at once (the caller closes its stdin).
+        """
         if not self.usable_for(env):
             return None
         body = json.dumps({"env": dict(env)}).encode()
         if len(body) > MAX_MESSAGE:
             return None
-        async with self._lock:
-            sock, proc = self._sock, self._proc
-            if sock is None or proc is None or not self.ready.is_set():
-                return None
-            reply: object = None
-            data = _HEADER.pack(len(body)) + body
-            try:
-                with trio.move_on_after(REQUEST_TIMEOUT):
-                    try:
-                        sent = await sock.sendmsg(
-                            [data],
-                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
-                        )
-                        while sent < len(data):  # a big environment: the rest
-                            sent += await sock.send(data[sent:])
-                        reply = await self._read_reply()
-                    except (OSError, ValueError, trio.ClosedResourceError,
-                            trio.BrokenResourceError):
-                        reply = None
-            finally:
-                if not isinstance(reply, dict):
-                    # dead, wedged, garbled, or this request was cancelled halfway (its
-                    # answer would be read as the next one's): it goes, and is restarted; a
-                    # worker it may have forked finds its stdin closed before the gate and
-                    # exits
-                    with contextlib.suppress(OSError):
-                        proc.kill()
-                    if self.ready.is_set():
-                        self.ready = trio.Event()
-            if not isinstance(reply, dict):
-                log.warning("the worker fork template did not answer; exec'ing the worker")
-                return None
-            pid = reply.get("pid")
-            if isinstance(pid, int) and pid > 0:
-                return pid
-            code = reply.get("errno")
-            raise OSError(code if isinstance(code, int) else _errno.EIO,
-                          str(reply.get("error") or "fork failed"))
+        reply = await self._request(body, list(fds))
+        if reply is None:
+            return None
+        pid = reply.get("pid")
+        if isinstance(pid, int) and pid > 0:
+            return pid
+        code = reply.get("errno")
+        raise OSError(code if isinstance(code, int) else _errno.EIO,
+                      str(reply.get("error") or "fork failed"))
+
+    # spares ---------------------------------------------------------------------------------
+    def note_spawn(self, now: float) -> None:
+        """A worker is being started: counted in the recent demand the spares are sized by."""
+        self._demand.append(now)
+        self._spares_changed.set()
+
+    def spare_target(self, now: float) -> int:
+        """How many spares to keep: the starts of the last ``demand_window`` (at least one),
+        at most ``max_spares``."""
+        while self._demand and now - self._demand[0] >= self.demand_window:
+            self._demand.popleft()
+        return max(1, min(len(self._demand), self.max_spares)) if self.max_spares else 0
+
+    def take_spare(self, env: Mapping[str, str]) -> Spare | None:
+        """A parked spare that can start a worker with ``env`` (it is no longer in the pool:
+        nobody else gets it), or ``None``."""
+        wanted = interpreter_env(env)
+        for spare in list(self.spares):
+            if spare.interpreter == wanted:
+                self.spares.remove(spare)
+                self.parked.value = len(self.spares)
+                self._spares_changed.set()
+                return spare
+        return None
+
+    async def start_spare(self, spare: Spare, env: Mapping[str, str],
+                          fds: tuple[int, int, int]) -> bool:
+        """Give ``spare`` its one start: these descriptors and this environment. ``False``
+        when it cannot take it (gone, or not the process it was); it is closed either way."""
+        import trio
+
+        from ._identity import read_start_id
+
+        body = json.dumps({"env": dict(env)}).encode()
+        data = _HEADER.pack(len(body)) + body
+        try:
+            if len(body) > MAX_MESSAGE or read_start_id(spare.pid) != spare.start_id:
+                return False
+            sock = trio.socket.from_stdlib_socket(spare.sock)
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+            sent = await sock.sendmsg([data], anc)
+            while sent < len(data):
+                sent += await sock.send(data[sent:])
+        except OSError as exc:
+            log.info("spare worker pid %s could not take a start (%s); forking one",
+                     spare.pid, exc)
+            return False
+        finally:
+            spare.sock.close()  # it reads one request: this end is of no more use
+        self.spares_used += 1
+        return True
+
+    def drop_spares(self) -> None:
+        """Close every spare's socket: each exits at once."""
+        while self.spares:
+            self.spares.popleft().sock.close()
+        self.parked.value = 0
+
+    def _spare_error(self, exc: OSError) -> None:
+        """Logged once per cause until a spare is forked again (out of descriptors, the
+        same error comes every retry)."""
+        cause = f"{exc.errno}:{exc}"
+        if cause != self._spare_failure:
+            log.warning("could not fork a spare worker: %s; worker starts fork as they come",
+                        exc)
+        self._spare_failure = cause
+
+    async def _keep_spares_logged(self) -> None:
+        """:meth:`_keep_spares`; a bug there costs the spares, never the template or the
+        supervisor (logged with its traceback)."""
+        try:
+            await self._keep_spares()
+        except Exception:
+            log.exception("spare workers: stopped keeping them (worker starts fork as they"
+                          " come)")
+            self.drop_spares()
+
+    async def _keep_spares(self) -> None:
+        """While this template runs: fork spares up to the target, drop those beyond it."""
+        import trio
+
+        from ._identity import read_start_id
+
+        while True:
+            now = trio.current_time()
+            target = self.spare_target(now)
+            while len(self.spares) > target:
+                self.spares.pop().sock.close()
+                self.parked.value = len(self.spares)
+            if len(self.spares) < target and self.usable_for(self._env):
+                try:
+                    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                except OSError as exc:
+                    # out of descriptors (or memory): no spare for now; starts fork as before
+                    self._spare_error(exc)
+                    await trio.sleep(max(self.restart_delay, SPARE_RETRY_DELAY))
+                    continue
+                try:
+                    reply = await self._request(json.dumps({"spare": True}).encode(),
+                                                [theirs.fileno()])
+                except BaseException:
+                    ours.close()  # cancelled: a spare forked meanwhile sees EOF and exits
+                    raise
+                finally:
+                    theirs.close()
+                pid = None if reply is None else reply.get("pid")
+                if not isinstance(pid, int) or pid <= 0:
+                    ours.close()
+                    if reply is not None:
+                        self._spare_error(OSError(reply.get("errno") or 0,
+                                                  str(reply.get("error") or "fork failed")))
+                    await trio.sleep(max(self.restart_delay, SPARE_RETRY_DELAY))
+                    continue
+                self.spares.append(Spare(pid, read_start_id(pid), ours,
+                                         interpreter_env(self._env)))
+                self.parked.value = len(self.spares)
+                self._spare_failure = None
+                continue
+            self._spares_changed = trio.Event()
+            # the demand ages out: look again once the oldest start leaves the window
+            wait = (self._demand[0] + self.demand_window - now) if self._demand else math.inf
+            with trio.move_on_after(max(wait, 0.01)):
+                await self._spares_changed.wait()

@@ -85,6 +85,38 @@ class SessionRetired(AgentdError):
         super().__init__(ErrorCode.UNKNOWN_SESSION, f"session {session_id!r} was killed")
 
 
+class StopBatch:
+    """Workers stopped together (a clean shutdown): each of them is told to stop first, and
+    none is waited for until every one has been (or the batch's grace is over), so the batch
+    has one deadline, ``stop_grace`` from its start, instead of one per worker in turn.
+
+    A handle joins when its stop is asked for while its worker is ready
+    (:meth:`WorkerHandle.request_stop`); one that is starting or recovering stops on its own
+    schedule and never holds up the others.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline  # trio time: the told workers' grace ends here
+        self._untold: set[object] = set()
+        self.all_told = trio.Event()
+        self.all_told.set()  # until someone joins
+
+    def join(self, member: object) -> None:
+        if self.all_told.is_set():
+            self.all_told = trio.Event()
+        self._untold.add(member)
+
+    def told(self, member: object) -> None:
+        """``member``'s worker was told to stop (or there was nothing to tell)."""
+        self._untold.discard(member)
+        if not self._untold:
+            self.all_told.set()
+
+    async def wait_all_told(self) -> None:
+        with trio.move_on_at(self.deadline):
+            await self.all_told.wait()
+
+
 class WorkerOps(Protocol):
     """The I/O a handle needs. Every async method is bounded by the caller's cancel scope."""
 
@@ -140,8 +172,11 @@ class WorkerHandle:
         cwd: str,
         *,
         created_at: str | None = None,
+        spawn_limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         self.ops = ops
+        # shared by a supervisor's handles: at most so many worker starts at once
+        self.spawn_limiter = spawn_limiter
         self.timing = ops.timing
         self.session_id = session_id
         self.agent = agent
@@ -176,6 +211,7 @@ class WorkerHandle:
         self._stop_event = trio.Event()
         self._stop_request: StopRequested | None = None
         self._stop_done: trio.Event | None = None
+        self._stop_batch: StopBatch | None = None  # stopped with others: told, then waited
         # an operator's stop the descriptor recorded (lifecycle stopping, or stopped after an
         # eviction or a kill): the supervise task starts by finishing it
         self.loaded_stop_reason = StopReason.NONE
@@ -285,7 +321,8 @@ class WorkerHandle:
             self.link.probe()
 
     def request_stop(
-        self, *, graceful: bool = True, reason: StopReason = StopReason.SHUTDOWN
+        self, *, graceful: bool = True, reason: StopReason = StopReason.SHUTDOWN,
+        batch: StopBatch | None = None,
     ) -> trio.Event:
         """Ask the supervise task to stop the worker; the event is set once it has been
         handled (mode STOPPED, or FAILED if the worker survived SIGKILL, or READY again if
@@ -298,6 +335,9 @@ class WorkerHandle:
         """
         if self._stop_request is not None and self._stop_request.reason is StopReason.KILL:
             reason = StopReason.KILL  # a kill is never weakened by a later stop
+        if batch is not None and self._stop_batch is None and self.mode.value is Mode.READY:
+            batch.join(self)  # its supervise task reaches the stop at once: told with the rest
+            self._stop_batch = batch
         self._stop_request = StopRequested(graceful=graceful, reason=reason)
         if self._stop_done is None:
             self._stop_done = trio.Event()
@@ -610,11 +650,13 @@ class WorkerHandle:
                     return StopDeclined()
                 return await self._stop(graceful=graceful)
             case Spawn(timeout=timeout):
-                self._note("spawn")
                 self._spawn_failure = ""
-                with trio.move_on_after(timeout):
-                    if await self._spawn():
-                        return Spawned()
+                async with self.spawn_limiter or contextlib.nullcontext():
+                    # the start's own deadline counts from its slot, not from the queue
+                    self._note("spawn")
+                    with trio.move_on_after(timeout):
+                        if await self._spawn():
+                            return Spawned()
                 # failed or not ready in time: make sure it is gone before anything else
                 outcome = await self._stop(graceful=False)
                 return SpawnFailed(self._spawn_failure) if outcome.confirmed else outcome
@@ -701,12 +743,20 @@ class WorkerHandle:
                     return True
         return False
 
-    async def _graceful_stop(self, link: WorkerLink) -> None:
-        with trio.move_on_after(self.timing.stop_grace):
-            with contextlib.suppress(WorkerDropped, AgentdError):
-                # a kill: the worker ends its turns at once, each answered session_killed
-                await link.call("stop", {"reason": str(self.state.stop_reason)},
-                                client_id="supervisor")
+    async def _graceful_stop(self, link: WorkerLink, batch: StopBatch | None) -> None:
+        deadline = (batch.deadline if batch is not None
+                    else trio.current_time() + self.timing.stop_grace)
+        with trio.move_on_at(deadline):
+            try:
+                with contextlib.suppress(WorkerDropped, AgentdError):
+                    # a kill: the worker ends its turns at once, each answered session_killed
+                    await link.call("stop", {"reason": str(self.state.stop_reason)},
+                                    client_id="supervisor")
+            finally:
+                if batch is not None:
+                    batch.told(self)
+            if batch is not None:
+                await batch.wait_all_told()  # every worker of the batch told before any wait
             await self.ops.wait_exit(self)
 
     async def _stop(self, *, graceful: bool) -> Stopped:
@@ -719,11 +769,19 @@ class WorkerHandle:
         raise AssertionError("unreachable: a shielded scope swallows nothing")
 
     async def _stop_now(self, *, graceful: bool) -> Stopped:
+        batch, self._stop_batch = self._stop_batch, None
+        try:
+            return await self._stop_told(graceful=graceful, batch=batch)
+        finally:
+            if batch is not None:
+                batch.told(self)  # nothing (more) to tell: never hold the others up
+
+    async def _stop_told(self, *, graceful: bool, batch: StopBatch | None) -> Stopped:
         # the stop's intent (descriptor ``stopping``) is on disk before anything acts on it
         await self.ops.durable()
         if self.link is not None:
             if graceful:
-                await self._graceful_stop(self.link)
+                await self._graceful_stop(self.link, batch)
             with trio.move_on_after(1):
                 await self.link.aclose()
             self.link = None
@@ -732,6 +790,9 @@ class WorkerHandle:
             return Stopped(confirmed=True)
         self._note("term")
         self.ops.signal(self, signal.SIGTERM)
+        if batch is not None:
+            batch.told(self)
+            await batch.wait_all_told()
         with trio.move_on_after(self.timing.stop_grace):
             await self.ops.wait_exit(self)
         if not self.ops.alive(self):

@@ -34,7 +34,13 @@ from ._exhaustion import RateLimitedLog, exhaustion_error, is_exhaustion
 from ._forkserver import ForkServer
 from ._groupwrite import GroupWriter
 from ._handle import WorkerHandle
-from ._identity import Liveness, liveness, read_start_id, signal_group_identity_checked
+from ._identity import (
+    Liveness,
+    liveness,
+    read_start_id,
+    signal_group_identity_checked,
+    signal_identity_checked,
+)
 from ._paths import Layout
 from ._recovery import Mode, RecoveryState, StopReason, descriptor_lifecycle
 from ._registry import Ownership
@@ -51,7 +57,13 @@ from ._trust import (
 )
 from ._worker import FAILED_LINE_MAX, WorkerConfig
 from ._workerlink import WorkerLink, link_over_stream
-from .timing import LOG_RATE_INTERVAL, Timing
+from .timing import (
+    LOG_RATE_INTERVAL,
+    MAX_PARALLEL_SPAWNS,
+    MAX_SPARE_WORKERS,
+    SPARE_DEMAND_WINDOW,
+    Timing,
+)
 
 log = logging.getLogger("trio_agentd.supervisor")
 
@@ -65,7 +77,7 @@ class ProcessWorkerOps:
         self.timing = timing
         self.nursery: trio.Nursery | None = None  # for reapers; set once the supervisor runs
         self._children: dict[int, trio.Process] = {}
-        # the template that forks workers (started at the first spawn, in ``nursery``)
+        # the template that forks workers (started by start_template, or the first spawn)
         self.forkserver: ForkServer | None = None
         # session → why its last start or connect ran out of resources or of room for its
         # files (cleared by a connect that succeeds): the supervisor answers
@@ -74,6 +86,17 @@ class ProcessWorkerOps:
         self.rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
         # descriptor and token writes, committed in groups (a service task runs it)
         self.writer = GroupWriter()
+        # worker starts run at most this many at once (each handle's spawn takes a slot)
+        self.spawn_limiter = trio.CapacityLimiter(MAX_PARALLEL_SPAWNS)
+
+    def start_template(self) -> None:
+        """Start the fork template (and its spares) now, in ``nursery``: the first session's
+        start then finds it ready instead of waiting for a Python start and the imports."""
+        if self.forkserver is None and self.nursery is not None:
+            fs = self.forkserver = ForkServer(self.timing.fork_template_restart_delay,
+                                              max_spares=MAX_SPARE_WORKERS,
+                                              demand_window=SPARE_DEMAND_WINDOW)
+            self.nursery.start_soon(fs.run)
 
     # identity ---------------------------------------------------------------------------------
     def alive(self, h: WorkerHandle) -> bool:
@@ -85,6 +108,11 @@ class ProcessWorkerOps:
         if h.pid is None:
             return False
         if signal_group_identity_checked(h.pid, h.pid, h.start_id, sig):
+            return True
+        if h.pid not in self._children and signal_identity_checked(h.pid, h.start_id, sig):
+            # a worker forked a moment ago has no group of its own yet (its ``setsid`` is
+            # its first act, but the template answers with its pid at once); before its
+            # gate it has no children either: the process is all there is to signal
             return True
         proc = self._children.get(h.pid)
         if proc is not None and proc.returncode is None:
@@ -316,14 +344,14 @@ class ProcessWorkerOps:
         self, env: dict[str, str], log_fd: int
     ) -> tuple[int, trio.lowlevel.FdStream, trio.lowlevel.FdStream] | None:
         """A worker forked by the template: (pid, its stdin, its stdout), or ``None`` when
-        the template cannot fork it now (the worker is exec'd). The first spawn starts the
-        template and waits for it; while one that died is restarted, workers are exec'd."""
+        the template cannot fork it now (the worker is exec'd). A parked spare is taken
+        first (no fork). The first spawn starts the template if nothing did and waits for
+        it; while one that died is restarted, workers are exec'd."""
+        self.start_template()
         fs = self.forkserver
         if fs is None:
-            if self.nursery is None:
-                return None
-            fs = self.forkserver = ForkServer(self.timing.fork_template_restart_delay)
-            self.nursery.start_soon(fs.run)
+            return None
+        fs.note_spawn(trio.current_time())
         with trio.move_on_after(self.timing.worker_connect_timeout):
             await fs.settled.wait()
         in_r, in_w = os.pipe()
@@ -335,7 +363,11 @@ class ProcessWorkerOps:
             raise
         pid = None
         try:
-            pid = await fs.spawn(env, (in_r, out_w, log_fd))
+            spare = fs.take_spare(env) if fs.usable_for(env) else None
+            if spare is not None and await fs.start_spare(spare, env, (in_r, out_w, log_fd)):
+                pid = spare.pid  # forked ahead of need: no fork now
+            else:
+                pid = await fs.spawn(env, (in_r, out_w, log_fd))
         finally:
             os.close(in_r)
             os.close(out_w)
@@ -450,7 +482,8 @@ class ProcessWorkerOps:
                 raise TypeError("create is not an object")
             h = WorkerHandle(self, session_id, str(create.get("agent", "echo")),
                              str(create.get("cwd", "/")),
-                             created_at=str(desc.get("created_at") or _now()))
+                             created_at=str(desc.get("created_at") or _now()),
+                             spawn_limiter=self.spawn_limiter)
             pid = desc.get("pid")
             h.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
             sid = desc.get("start_id")
@@ -484,7 +517,7 @@ class ProcessWorkerOps:
     def new_handle(
         self, session_id: str, agent: str, cwd: str, env: dict[str, str] | None = None
     ) -> WorkerHandle:
-        h = WorkerHandle(self, session_id, agent, cwd)
+        h = WorkerHandle(self, session_id, agent, cwd, spawn_limiter=self.spawn_limiter)
         h.env = env
         h.turns = Transcript(self.layout.session_dir(session_id)).turns
         return h

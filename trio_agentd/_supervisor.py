@@ -46,7 +46,7 @@ from ._exhaustion import (
     is_exhaustion,
 )
 from ._grant import make_grant
-from ._handle import SessionRetired, WorkerHandle
+from ._handle import SessionRetired, StopBatch, WorkerHandle
 from ._identity import is_alive, own_start_id, peer_credentials
 from ._ownership import Phase
 from ._paths import Layout, check_socket_path
@@ -105,6 +105,10 @@ class SupervisorConfig:
     max_clients: int = MAX_CLIENT_CONNECTIONS
     max_sessions: int = MAX_SESSIONS
     default_agent: str = "echo"  # of a new session prompted without an agent
+    # start the worker fork template (and its spare worker) as the supervisor starts, not at
+    # the first session's start: the daemon does; an embedded supervisor (open_supervisor)
+    # starts it when a session first needs a worker
+    prefork: bool = False
 
     def layout(self) -> Layout:
         return Layout.resolve(socket=self.socket, home=self.home, registry=self.registry)
@@ -181,7 +185,6 @@ class Supervisor:
         self.killed: set[str] = set()
         self._sessions_stamp: int | None = None  # mtime of sessions/ at the last heal check
         self._loaded: list[tuple[WorkerHandle, bool, Mode]] = []
-        self._create_lock = trio.Lock()
         # sessions being removed (`trio-agentd rm`): a command for one waits until it is gone,
         # then makes it anew
         self._removing: dict[str, trio.Event] = {}
@@ -240,6 +243,10 @@ class Supervisor:
                     self._service = service
                     self.ops.nursery = service
                     service.start_soon(self.ops.writer.run)
+                    if self.config.prefork:
+                        # the fork template starts now, beside everything else: the first
+                        # session's worker need not wait for it
+                        self.ops.start_template()
                     self.ownership.bind_nursery(service)
                     async with trio.open_nursery() as clients:
                         self._clients = clients
@@ -316,14 +323,19 @@ class Supervisor:
         log.info("restart: started the new supervisor, pid %s", proc.pid)
 
     async def _stop(self, service: trio.Nursery) -> None:
-        with contextlib.suppress(AgentdError, OSError):
-            await self.ownership.set_phase(Phase.STOPPING)
+        if self.ownership.record.phase is not Phase.STOPPING:  # (serve wrote it already)
+            with contextlib.suppress(AgentdError, OSError):
+                await self.ownership.set_phase(Phase.STOPPING)
         self._close_listener(unlink=True)
         if self.stop_workers:
             with trio.move_on_after(
                 2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 2
             ):
-                done = [h.request_stop(graceful=True) for h in self.sessions.values()]
+                # one batch: every intent in one commit, every worker told to stop before
+                # any is waited for, one grace for them all
+                batch = StopBatch(trio.current_time() + self.timing.stop_grace)
+                done = [h.request_stop(graceful=True, batch=batch)
+                        for h in self.sessions.values()]
                 for event in done:
                     await event.wait()
         # every descriptor written so far is on disk before the next supervisor reads them
@@ -573,6 +585,8 @@ class Supervisor:
             sessions = [] if stamp is not None and stamp == self._sessions_stamp else list(
                 self.sessions.values())
             for h in sessions:
+                if h.pid is None:
+                    continue  # no worker started yet: its first start makes the dir
                 session_dir = L.session_dir(h.session_id)
                 if not session_dir.is_dir():
                     write_meta(session_dir, {
@@ -737,46 +751,51 @@ class Supervisor:
             if cwd_given and cwd is not None:
                 _check_cwd(session_id, known.cwd, cwd)
             return known  # the per-command fast path: no lock, no checkpoint
-        async with self._create_lock:
-            h = self.sessions.get(session_id)
-            if h is None:
-                meta = read_meta(self.layout.session_dir(session_id))
-                if meta is None and not create:
-                    raise AgentdError(
-                        ErrorCode.UNKNOWN_SESSION,
-                        f"no session {session_id!r} — create it with"
-                        f" `trio-agentd prompt -s {session_id} TEXT`",
-                    )
-                known_agent = str(meta["agent"]) if meta and "agent" in meta else None
-                use_agent = agent or known_agent or self.config.default_agent
-                if known_agent is not None and agent is not None and agent != known_agent:
-                    raise _agent_mismatch(session_id, known_agent, agent)
-                known_cwd = (meta or {}).get("cwd")
-                if cwd_given and cwd is not None and isinstance(known_cwd, str):
-                    _check_cwd(session_id, known_cwd, cwd)
-                validate_agent_spec(use_agent)
-                if len(self.sessions) >= self.config.max_sessions:
-                    raise AgentdError(
-                        ErrorCode.RESOURCE_EXHAUSTED,
-                        f"this supervisor already runs the most sessions it may"
-                        f" ({self.config.max_sessions}) — `trio-agentd kill` sessions you no"
-                        " longer need",
-                        {"limit": "max_sessions", "value": self.config.max_sessions},
-                    )
-                self._claim_session(session_id, meta)
-                h = self.ops.new_handle(
-                    session_id, use_agent,
-                    (meta or {}).get("cwd") or cwd or str(self.layout.session_dir(session_id)),
-                    None if env is None else agent_environment(env),
+        # no await from here to the return: a session is looked up and created atomically,
+        # with no lock (a lock's checkpoint would make 100 new sessions queue one scheduling
+        # round each)
+        h = self.sessions.get(session_id)
+        if h is None:
+            meta = read_meta(self.layout.session_dir(session_id))
+            if meta is None and not create:
+                raise AgentdError(
+                    ErrorCode.UNKNOWN_SESSION,
+                    f"no session {session_id!r} — create it with"
+                    f" `trio-agentd prompt -s {session_id} TEXT`",
                 )
-                self.sessions[session_id] = h
-                self.killed.discard(session_id)  # made anew by a new command
-                await self._supervise(h, alive=False, lifecycle=Mode.STOPPED)
-            elif agent is not None and agent != h.agent:
-                raise _agent_mismatch(session_id, h.agent, agent)
-            elif cwd_given and cwd is not None:
-                _check_cwd(session_id, h.cwd, cwd)
-            return h
+            known_agent = str(meta["agent"]) if meta and "agent" in meta else None
+            use_agent = agent or known_agent or self.config.default_agent
+            if known_agent is not None and agent is not None and agent != known_agent:
+                raise _agent_mismatch(session_id, known_agent, agent)
+            known_cwd = (meta or {}).get("cwd")
+            if cwd_given and cwd is not None and isinstance(known_cwd, str):
+                _check_cwd(session_id, known_cwd, cwd)
+            validate_agent_spec(use_agent)
+            if len(self.sessions) >= self.config.max_sessions:
+                raise AgentdError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"this supervisor already runs the most sessions it may"
+                    f" ({self.config.max_sessions}) — `trio-agentd kill` sessions you no"
+                    " longer need",
+                    {"limit": "max_sessions", "value": self.config.max_sessions},
+                )
+            self._claim_session(session_id, meta)
+            h = self.ops.new_handle(
+                session_id, use_agent,
+                (meta or {}).get("cwd") or cwd or str(self.layout.session_dir(session_id)),
+                None if env is None else agent_environment(env),
+            )
+            self.sessions[session_id] = h
+            self.killed.discard(session_id)  # made anew by a new command
+            # started, not awaited (its commands wait for readiness, and their demand starts
+            # its worker whenever the task runs)
+            self.service_nursery.start_soon(functools.partial(
+                h.supervise, alive=False, wanted=False, failed=False))
+        elif agent is not None and agent != h.agent:
+            raise _agent_mismatch(session_id, h.agent, agent)
+        elif cwd_given and cwd is not None:
+            _check_cwd(session_id, h.cwd, cwd)
+        return h
 
     def _claim_session(self, session_id: str, meta: dict[str, Any] | None) -> None:
         """A session lives in one supervisor at a time (sessions are per home, workers per
@@ -1240,6 +1259,8 @@ class Supervisor:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "phase": str(self.ownership.record.phase),
             "restores": self.ownership.statistics().restores,
+            # workers forked ahead of need, parked until a session's start takes one
+            "spare_pids": [sp.pid for sp in fs.spares] if (fs := self.ops.forkserver) else [],
         }
 
 

@@ -1124,6 +1124,9 @@ def _client_or_none(layout: Layout) -> Any:
 
 
 def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
+    from ._forkserver import start_early
+
+    start_early()  # the worker fork template starts beside the imports below, not after them
     import logging
 
     import trio
@@ -1150,7 +1153,7 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     config = SupervisorConfig(
         socket=layout.socket, home=str(layout.home), registry=str(layout.registry), timing=timing,
-        **getattr(args, "supervisor_options", {}),
+        prefork=True, **getattr(args, "supervisor_options", {}),
     )
     from ._sdactivate import take_listener
     from ._sdnotify import NOTIFY_ENV, Notifier

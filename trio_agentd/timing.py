@@ -218,6 +218,15 @@ SERVICE_RESTART_DELAY = 0.5
 MAX_CLIENT_CONNECTIONS = 1024
 # the most sessions a supervisor runs: creating one more fails with ``resource_exhausted``
 MAX_SESSIONS = 1000
+# the most worker starts a supervisor runs at once (fork, start gate, ready, connect): a launch
+# of many sessions goes this many at a time, so the first answer early and the machine is
+# not asked to start every worker at the same moment
+MAX_PARALLEL_SPAWNS = 16
+# spare workers: the fork template keeps this many at most forked and parked ahead of need,
+# one while nothing starts, as many as the worker starts of the last SPARE_DEMAND_WINDOW
+# seconds otherwise; a respawn or a new session's first start then takes one (no fork)
+MAX_SPARE_WORKERS = 4
+SPARE_DEMAND_WINDOW = 10.0
 
 # --- the real-daemon test fixture (``trio_agentd.testing.DaemonEnv``) --------------------------
 # Not part of ``Timing``: limits of a test's own waits on real processes, never the daemon's.

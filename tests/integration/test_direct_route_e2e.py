@@ -88,7 +88,8 @@ async def test_prompts_go_direct_and_survive_a_supervisor_kill9_without_reroutin
             assert await client.prompt("d", "one") == "[echo turn 1] one\n"
             sup = denv.owner()["pid"]
             worker = _worker_pids(denv)["d"]
-            assert sorted(denv.our_pids()) == sorted([sup, worker, *denv.fork_templates()])
+            assert sorted(denv.our_pids()) == sorted(
+                [sup, worker, *denv.fork_templates(), *denv.spare_workers()])
 
             await _kill9_and_wait(denv, sup, "the supervisor")
             assert await client.prompt("d", "two") == "[echo turn 2] two\n"

@@ -288,3 +288,64 @@ def test_an_agents_atexit_handlers_run_when_its_worker_ends_forked_or_execd(
     wait_for(lambda: not _alive(execd), timeout=30, what="the exec'd worker to exit")
     assert ran_atexit(execd)
     assert "Traceback" not in denv.log_text()
+
+
+def _spare_pids(env: DaemonEnv) -> list[int]:
+    """The spares the supervisor says it keeps parked (``status``)."""
+    from trio_agentd._paths import Layout
+    from trio_agentd._syncclient import SyncClient
+
+    client = SyncClient(Layout.resolve(socket=env.socket, home=str(env.home),
+                                       registry=str(env.registry)), autostart=False)
+    try:
+        pids = client.request("status")["spare_pids"]
+    finally:
+        client.close()
+    assert isinstance(pids, list)
+    return [int(p) for p in pids]
+
+
+def test_a_spare_is_parked_holding_nothing_and_a_respawn_takes_it(denv: DaemonEnv) -> None:
+    assert denv.prompt("hi", session="a") == "[echo turn 1] hi"
+    sup = denv.owner()["pid"]
+    template = _template(denv, sup)
+    (spare,) = wait_for(lambda: _spare_pids(denv), timeout=30, what="a parked spare")
+    assert denv.spare_workers() == [spare]  # what /proc shows: no session's worker
+    stat = _stat(spare)
+    assert int(stat[1]) == template
+    assert int(stat[2]) == int(stat[3]) == spare  # its own session and group
+    fds = _fds(spare)
+    assert sorted(fds) == [0, 1, 2, 3], fds
+    assert fds[0] == fds[1] == fds[2] == "/dev/null"
+    assert fds[3].startswith("socket:")  # its end of the supervisor's private socketpair
+    assert not _socket_inodes(spare) & (_socket_inodes(sup) | _socket_inodes(template))
+    # a crash's respawn takes the spare (no fork), and another is parked in its place
+    os.kill(_worker(denv, "a"), signal.SIGKILL)
+    assert denv.prompt("again", session="a") == "[echo turn 2] again"
+    assert _worker(denv, "a") == spare
+    # two starts in the demand window: two spares are parked now, neither the one taken
+    def two() -> list[int]:
+        pids = _spare_pids(denv)
+        return pids if len(pids) == 2 else []
+
+    others = wait_for(two, timeout=30, what="two new spares")
+    assert spare not in others
+    # a spare serves one session only: the next new session gets one of the new ones
+    assert denv.prompt("hi", session="b") == "[echo turn 1] hi"
+    assert _worker(denv, "b") in others
+    assert _worker(denv, "a") == spare
+
+
+def test_spares_exit_with_their_supervisor_on_kill9_and_on_shutdown(denv: DaemonEnv) -> None:
+    assert denv.prompt("hi", session="a") == "[echo turn 1] hi"
+    sup = denv.owner()["pid"]
+    spares = wait_for(lambda: _spare_pids(denv), timeout=30, what="a parked spare")
+    os.kill(sup, signal.SIGKILL)
+    # its end of each spare's socket closed with it: no spare is left behind
+    wait_for(lambda: not any(_alive(p) for p in spares), timeout=10, what="the spares to exit")
+    assert denv.prompt("two", session="a") == "[echo turn 2] two"  # adopted, not respawned
+    now = wait_for(lambda: _spare_pids(denv), timeout=30, what="the new supervisor's spare")
+    assert not set(now) & set(spares)
+    cp = denv.run("shutdown")
+    assert cp.returncode == 0, cp.stderr
+    wait_for(lambda: not denv.our_pids(), timeout=30, what="every process to exit")

@@ -47,6 +47,11 @@ def _recv(sock: socket.socket) -> dict[str, object]:
     return reply
 
 
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -86,11 +91,11 @@ def test_a_forked_worker_runs_main_on_its_descriptors_and_environment(
     pid = reply["pid"]
     assert isinstance(pid, int)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        assert int(fields[1]) != proc.pid  # orphaned at once: no child of the template
-        assert int(fields[2]) == pid
-        assert int(fields[3]) == pid
+        # one fork, answered at once: the template's child, which makes its own session and
+        # group as its first act
+        assert _stat(pid)[1] == str(proc.pid)
+        wait_for(lambda: _stat(pid)[2:4] == [str(pid), str(pid)], timeout=10,
+                 what="the worker's setsid")
         assert os.readlink(f"/proc/{pid}/cwd") == "/"
         # the worker's main() reads its config from the stdin we gave: none, so it says so
         # on the stderr we gave and exits 1; nothing on stdout (our pipe sees EOF)
@@ -174,7 +179,7 @@ async def _fork_one(fs: ForkServer) -> int | None:
             os.close(fd)
 
 
-async def test_a_wedged_or_abandoned_request_kills_the_template_and_another_starts(
+async def test_a_wedged_template_is_killed_and_another_starts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_forkserver, "REQUEST_TIMEOUT", 0.3)
@@ -189,18 +194,139 @@ async def test_a_wedged_or_abandoned_request_kills_the_template_and_another_star
         assert not fs.ready.is_set()
         second = await _ready_template(fs, first)
         assert not _alive(first)
-        # a request abandoned halfway (its caller cancelled) would leave its answer to be
-        # read as the next request's: the template is killed instead
-        os.kill(second, signal.SIGSTOP)
-        with trio.move_on_after(0.1):
-            await _fork_one(fs)
-        assert not fs.ready.is_set()
-        third = await _ready_template(fs, second)
-        assert not _alive(second)
         pid = await _fork_one(fs)
         assert isinstance(pid, int)
-        assert pid not in (first, second, third)
+        assert pid not in (first, second)
         nursery.cancel_scope.cancel()
     # cancelled (the supervisor stops): the template is killed and reaped
-    assert not _alive(third)
+    assert not _alive(second)
     assert fs.pid is None
+
+
+async def test_requests_are_pipelined_and_an_abandoned_one_costs_nothing() -> None:
+    """Many forks at once are answered in order, each with its own worker; a caller that
+    stops waiting leaves the template serving (its answer is read and dropped)."""
+    fs = ForkServer(restart_delay=0.01)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fs.run)
+        template = await _ready_template(fs)
+        pids: list[int | None] = []
+
+        async def one() -> None:
+            pids.append(await _fork_one(fs))
+
+        async with trio.open_nursery() as burst:
+            for _ in range(20):
+                burst.start_soon(one)
+        assert len(pids) == 20
+        assert all(isinstance(p, int) for p in pids)
+        assert len(set(pids)) == 20
+        with trio.move_on_after(0):
+            await _fork_one(fs)  # abandoned at its first checkpoint
+        assert isinstance(await _fork_one(fs), int)
+        assert fs.pid == template
+        assert fs.ready.is_set()
+        nursery.cancel_scope.cancel()
+
+
+def _fds(pid: int) -> dict[int, str]:
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            out[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return out
+
+
+def test_a_spare_holds_only_dev_null_and_its_socket_and_takes_one_start(
+    template: tuple[subprocess.Popen[bytes], socket.socket],
+) -> None:
+    proc, sock = template
+    ours, theirs = socket.socketpair()
+    _send(sock, {"spare": True}, [theirs.fileno()])
+    theirs.close()
+    pid = _recv(sock)["pid"]
+    assert isinstance(pid, int)
+    try:
+        assert _stat(pid)[1] == str(proc.pid)
+
+        def parked() -> dict[int, str]:
+            fds = _fds(pid)
+            return fds if len(fds) == 4 and _stat(pid)[2] == str(pid) else {}
+
+        # nothing of the template's: its socket, descriptors and log are closed
+        fds: dict[int, str] = wait_for(parked, timeout=10, what="the spare to park")
+        assert fds[0] == fds[1] == fds[2] == "/dev/null", fds
+        assert fds[3].startswith("socket:")
+        tsocks = {t for t in _fds(proc.pid).values() if t.startswith("socket:")}
+        assert fds[3] not in tsocks
+        # one start: it becomes a worker on these descriptors (no config: it says so, exits)
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        _send(ours, {"env": {"FS_MARK": "spare"}}, [in_r, out_w, err_w])
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        # ... and never a second: its end of the socket is closed once the first came
+        assert ours.recv(1) == b""
+        os.close(in_w)
+        err = b""
+        while chunk := os.read(err_r, 4096):
+            err += chunk
+        assert b"no config on stdin" in err
+        assert os.read(out_r, 100) == b""
+        os.close(out_r)
+        os.close(err_r)
+        wait_for(lambda: not _alive(pid), timeout=10, what="the worker to exit")
+    finally:
+        ours.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_spare_exits_when_its_socket_closes(
+    template: tuple[subprocess.Popen[bytes], socket.socket],
+) -> None:
+    _proc, sock = template
+    ours, theirs = socket.socketpair()
+    _send(sock, {"spare": True}, [theirs.fileno()])
+    theirs.close()
+    pid = _recv(sock)["pid"]
+    assert isinstance(pid, int)
+    try:
+        assert _alive(pid)
+        ours.close()  # dropped, or its supervisor died
+        wait_for(lambda: not _alive(pid), timeout=10, what="the spare to exit")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_the_pool_keeps_spares_by_demand_and_hands_each_out_once() -> None:
+    fs = ForkServer(restart_delay=0.01, max_spares=3, demand_window=0.5)
+    assert fs.spare_target(0.0) == 1
+    for t in (0.0, 0.1, 0.2, 0.3):
+        fs.note_spawn(t)
+    assert fs.spare_target(0.3) == 3  # capped
+    assert fs.spare_target(0.65) == 2  # 0.0 and 0.1 aged out
+    assert fs.spare_target(0.75) == 1
+    assert fs.spare_target(5.0) == 1  # no demand: still one
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fs.run)
+        await _ready_template(fs)
+        with trio.fail_after(30):
+            await fs.parked.wait_value(lambda n: n > 0)
+        env = dict(os.environ)
+        first = fs.take_spare(env)
+        assert first is not None
+        assert first not in fs.spares
+        assert fs.take_spare({**env, "LANG": "xx_XX.nope"}) is None  # another interpreter
+        # the pool forks another in its place, never the same one again
+        with trio.fail_after(30):
+            await fs.parked.wait_value(lambda n: n > 0)
+        assert all(s.pid != first.pid for s in fs.spares)
+        first.sock.close()
+        wait_for(lambda: not _alive(first.pid), timeout=10, what="the dropped spare to exit")
+        kept = [s.pid for s in fs.spares]
+        nursery.cancel_scope.cancel()
+    # the supervisor stops: every spare's socket closes and each exits
+    wait_for(lambda: not any(_alive(p) for p in kept), timeout=10, what="the spares to exit")

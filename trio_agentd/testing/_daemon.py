@@ -273,6 +273,24 @@ class DaemonEnv:
                 out.append(pid)
         return out
 
+    def spare_workers(self) -> list[int]:
+        """Our supervisors' spare workers: forked by a template (its command line), each the
+        leader of its own session, and named by no worker descriptor (parked, no session
+        yet). Read while nothing starts: a spare being handed a session is in between."""
+        workers = {d.get("pid") for d in self.descriptors()}
+        out = []
+        for pid in self.our_pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    template = f.read().split(b"\0")[-2:-1] == [b"--template"]
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    sid = int(f.read().rsplit(b")", 1)[1].split()[3])
+            except (OSError, IndexError, ValueError):
+                continue
+            if template and sid == pid and pid not in workers:
+                out.append(pid)
+        return out
+
     def shutdown(self, timeout: float = TEST_SHUTDOWN_TIMEOUT) -> None:
         """``trio-agentd shutdown`` if a supervisor answers on :attr:`socket`: it stops its
         workers and exits, removing its socket and owner record. Nothing else is touched;

@@ -56,6 +56,9 @@ class FakeSupervisorOps(ProcessWorkerOps):
         self.machine = machine
         self.writer = GroupWriter(threaded=False)  # a thread would let virtual time jump
 
+    def start_template(self) -> None:
+        """No fork template: the processes are fakes."""
+
     def claim(self) -> Claim:
         own = self.ownership.record
         return Claim(generation=own.generation, pid=own.pid, start_id=own.start_id,
