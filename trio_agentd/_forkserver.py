@@ -333,8 +333,14 @@ def start_early() -> None:
     modules: its Python start and imports run beside the supervisor's, instead of after them
     (``trio-agentd daemon`` calls this first). Plain ``subprocess``, no trio; a failure to
     start it is not an error (the first worker start starts one). If the daemon exits
-    without taking it, its socket closes and it exits."""
+    without taking it, its socket closes and it exits. Not under socket activation
+    (``LISTEN_FDS`` set): there the first worker start starts the template."""
     global _early
+    if os.environ.get("LISTEN_FDS"):
+        # socket activation: fds 3 and up are the service manager's until the daemon has taken
+        # its listener; a socketpair opened now could sit on fd 3 in place of one that was not
+        # passed, and the activation check would judge our own socket
+        return
     from ._trust import isolated_python
 
     env = {k: v for k, v in os.environ.items() if k not in _MANAGER_VARIABLES}
