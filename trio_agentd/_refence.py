@@ -14,7 +14,7 @@ import trio
 from .timing import Timing
 
 if TYPE_CHECKING:
-    from ._workercore import _Conn
+    from ._workerconn import Conn
 
 log = logging.getLogger("trio_agentd.worker")
 
@@ -30,7 +30,7 @@ class RegistryWatcher(Protocol):
 
 def watched_refence(
     watcher: RegistryWatcher, registry: Path, timing: Timing,
-    conns: Callable[[], Iterable[_Conn]], on_wake: Callable[[], None] = lambda: None,
+    conns: Callable[[], Iterable[Conn]], on_wake: Callable[[], None] = lambda: None,
 ) -> tuple[Callable[[str], None], Callable[[], Awaitable[None]]]:
     """``(watch_claims, wait_change)`` for a :class:`WorkerCore` that re-fences when the
     registry changes: an authenticated supervisor's record dir is watched, and the re-fence
