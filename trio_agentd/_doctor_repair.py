@@ -10,6 +10,12 @@ import os
 import time
 
 from . import _fs
+from ._defaults import (
+    ADMISSION_POLL_INTERVAL,
+    ADMISSION_WAIT,
+    KILL_POLL_INTERVAL,
+    ORPHAN_EXIT_POLL_INTERVAL,
+)
 from ._doctor_discover import read_descriptors
 from ._doctor_plan import (
     Repair,
@@ -239,7 +245,7 @@ class RealHooks:
         while time.monotonic() < deadline:
             if liveness(pid, start_id) is Liveness.DEAD:
                 return True
-            time.sleep(0.005)
+            time.sleep(KILL_POLL_INTERVAL)
         return liveness(pid, start_id) is Liveness.DEAD
 
     def launch(self, sock: str, ticket: str) -> None:
@@ -272,14 +278,14 @@ class RealHooks:
     def take_admission(self) -> str | None:
         path = self.layout.registry / SHUTDOWN_LOCK_FILE
         _fs.ensure_dir(self.layout.registry)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + ADMISSION_WAIT
         while True:
             fd = _fs.try_lock(path)
             if fd is not None:
                 break
             if time.monotonic() > deadline:
                 return None
-            time.sleep(0.02)
+            time.sleep(ADMISSION_POLL_INTERVAL)
         ticket = os.urandom(8).hex()
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "ticket": ticket}).encode(), 0)
@@ -312,7 +318,7 @@ def stop_orphan_workers(layout: Layout, sock: str, timing: Timing | None = None)
         signal_group_identity_checked(pid, pid, sid, signal.SIGTERM)
         deadline = time.monotonic() + timing.stop_grace
         while time.monotonic() < deadline and liveness(pid, sid) is not Liveness.DEAD:
-            time.sleep(0.01)
+            time.sleep(ORPHAN_EXIT_POLL_INTERVAL)
         if liveness(pid, sid) is not Liveness.DEAD:
             signal_group_identity_checked(pid, pid, sid, signal.SIGKILL)
         stopped.append(pid)

@@ -55,7 +55,7 @@ from .agents import (
     Stderr,
     TurnContext,
 )
-from .timing import Timing
+from .timing import AGENT_CLOSE_TIMEOUT, Timing
 
 log = logging.getLogger("trio_agentd.worker")
 
@@ -647,7 +647,7 @@ async def _closing(chunks: AsyncIterator[Chunk]) -> AsyncIterator[None]:
         aclose = getattr(chunks, "aclose", None)
         # (a native generator that ran to its end has no frame: nothing to close, no scope)
         if aclose is not None and getattr(chunks, "ag_frame", True) is not None:
-            with trio.move_on_after(10, shield=True):
+            with trio.move_on_after(AGENT_CLOSE_TIMEOUT, shield=True):
                 await aclose()
 
 
