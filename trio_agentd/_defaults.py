@@ -51,3 +51,13 @@ LOG_BACKUPS = 10
 # a `logs -f` follower may be this many bytes of live output behind before the worker drops it
 # (the turn never waits for a follower)
 FOLLOW_MAX_BYTES = 4 * 1024 * 1024
+
+# --- doctor's and shutdown's own waits (trio-free, blocking) ----------------------------------
+# after the SIGKILL of a wedged supervisor, how often doctor --fix looks whether it is gone
+KILL_POLL_INTERVAL = 0.005
+# how long doctor --fix waits for the shutdown admission lock (another shutdown or doctor
+# holds it), and how often it tries again meanwhile
+ADMISSION_WAIT = 5.0
+ADMISSION_POLL_INTERVAL = 0.02
+# after the SIGTERM of an orphan worker, how often shutdown looks whether it is gone
+ORPHAN_EXIT_POLL_INTERVAL = 0.01

@@ -55,7 +55,7 @@ from ._trust import (
     prove_socket_dir,
     session_environment,
 )
-from ._worker import FAILED_LINE_MAX, WorkerConfig
+from ._workerconfig import FAILED_LINE_MAX, WorkerConfig
 from ._workerlink import WorkerLink, link_over_stream
 from .timing import (
     LOG_RATE_INTERVAL,

@@ -6,8 +6,9 @@ import json
 import os
 import sys
 
-from ._doctor import Found, Outcome, RealHooks, execute, survey
+from ._doctor import Found, survey
 from ._doctor_plan import PROBLEMS, Repair, Status, Step, plan_repair, remedy
+from ._doctor_repair import Outcome, RealHooks, execute
 from ._paths import Layout
 from ._text import printable
 

@@ -6,8 +6,9 @@ import json
 import time
 from typing import Any
 
-from ._doctor import RealHooks, stop_orphan_workers, survey
+from ._doctor import survey
 from ._doctor_plan import Status
+from ._doctor_repair import RealHooks, stop_orphan_workers
 from ._errors import AgentdError
 from ._identity import is_alive
 from ._paths import Layout

@@ -252,3 +252,9 @@ SD_NOTIFY_TIMEOUT = 1.0
 # supervisor whose loop is wedged, or whose ownership check or socket stays broken, is
 # restarted by systemd this long after its last healthy check
 SERVICE_WATCHDOG_SEC = 30
+
+# --- the worker's own waits -------------------------------------------------------------------
+
+# an agent's chunk generator is given this long to close (its processes end) when a turn ends
+# early; the close is shielded, so a cancelled turn still waits for it, at most this long
+AGENT_CLOSE_TIMEOUT = 10.0

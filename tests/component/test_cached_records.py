@@ -12,7 +12,7 @@ import trio
 
 from trio_agentd._fs import read_bytes
 from trio_agentd._inotify import Watcher
-from trio_agentd._worker import CachedRecords, watched_refence
+from trio_agentd._refence import CachedRecords, watched_refence
 from trio_agentd.timing import DEFAULT_TIMING
 
 

@@ -13,7 +13,8 @@ from trio_agentd._handle import WorkerHandle
 from trio_agentd._paths import Layout
 from trio_agentd._procops import ProcessWorkerOps
 from trio_agentd._registry import Ownership, Registry
-from trio_agentd._worker import Journal, WorkerCore
+from trio_agentd._workercore import WorkerCore
+from trio_agentd._workerjournal import Journal
 from trio_agentd.agents import EchoAgent
 from trio_agentd.timing import DEFAULT_TIMING
 

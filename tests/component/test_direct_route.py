@@ -37,7 +37,8 @@ from trio_agentd._protocol import (
     encode,
 )
 from trio_agentd._stream import MessageStream
-from trio_agentd._worker import Journal, WorkerCore
+from trio_agentd._workercore import WorkerCore
+from trio_agentd._workerjournal import Journal
 from trio_agentd.agents import Agent, EchoAgent, TurnContext
 from trio_agentd.testing import MemoryRegistry, memory_stream_pair
 from trio_agentd.timing import DEFAULT_TIMING

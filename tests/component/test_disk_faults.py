@@ -33,7 +33,9 @@ from trio_agentd._handle import WorkerHandle
 from trio_agentd._protocol import ErrorBody, Response
 from trio_agentd._recovery import Mode
 from trio_agentd._session import Transcript
-from trio_agentd._worker import Journal, WorkerCore, interrupted_error
+from trio_agentd._workercore import WorkerCore
+from trio_agentd._workerjournal import Journal
+from trio_agentd._workerturns import interrupted_error
 from trio_agentd.testing import FakeWorkerOps, MemoryRegistry, make_worker_core
 from trio_agentd.timing import DEFAULT_TIMING, Timing
 

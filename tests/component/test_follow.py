@@ -11,8 +11,8 @@ import pytest
 import trio
 import trio.testing
 
+from trio_agentd._followers import Followers
 from trio_agentd._protocol import Attach, ErrorBody, Event, Response
-from trio_agentd._worker import Followers
 from trio_agentd.agents import TurnContext
 
 from .test_direct_route import ADMITTED, HELLO, ClientEnd, World, grant

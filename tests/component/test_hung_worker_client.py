@@ -27,7 +27,7 @@ from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._grant import make_grant
 from trio_agentd._paths import Layout
 from trio_agentd._protocol import Attach, AuthOk, WorkerHello
-from trio_agentd._worker import WorkerCore
+from trio_agentd._workercore import WorkerCore
 from trio_agentd._workerlink import link_over_stream
 from trio_agentd.agents import TurnContext
 from trio_agentd.testing import Behaviour, FakeProcess, MemoryRegistry, make_worker_core

@@ -31,7 +31,8 @@ from trio_agentd._protocol import (
     WorkerHello,
 )
 from trio_agentd._stream import MessageStream
-from trio_agentd._worker import Journal, WorkerCore
+from trio_agentd._workercore import WorkerCore
+from trio_agentd._workerjournal import Journal
 from trio_agentd.agents import TurnContext
 from trio_agentd.testing import MemoryRegistry, make_worker_core, memory_stream_pair
 

@@ -31,7 +31,7 @@ from trio_agentd._errors import AgentdError
 from trio_agentd._identity import read_start_id
 from trio_agentd._paths import Layout
 from trio_agentd._syncclient import SyncClient
-from trio_agentd._worker import COMPACT_AFTER
+from trio_agentd._workerjournal import COMPACT_AFTER
 
 from .harness import DaemonEnv, daemon_env, wait_for
 

@@ -88,7 +88,7 @@ def test_doctor_kills_a_stopped_supervisor_without_letting_it_run_again(
     moment between a SIGCONT and the SIGKILL (a loaded machine gives it that moment) would
     answer the clients queued on it "ownership_lost" instead of leaving them to its
     successor."""
-    from trio_agentd import _doctor
+    from trio_agentd import _doctor_repair
     from trio_agentd._identity import read_start_id, signal_identity_checked
     from trio_agentd._paths import Layout
 
@@ -101,10 +101,10 @@ def test_doctor_kills_a_stopped_supervisor_without_letting_it_run_again(
         sent.append(sig)
         return signal_identity_checked(p, sid, sig)
 
-    monkeypatch.setattr(_doctor, "signal_identity_checked", recording)
+    monkeypatch.setattr(_doctor_repair, "signal_identity_checked", recording)
     os.kill(pid, signal.SIGSTOP)
     try:
-        hooks = _doctor.RealHooks(Layout(home=denv.home, socket=denv.socket,
+        hooks = _doctor_repair.RealHooks(Layout(home=denv.home, socket=denv.socket,
                                          registry=denv.registry))
         assert hooks.kill(pid, start_id) is True
         assert sent == [signal.SIGKILL]
@@ -117,7 +117,7 @@ def test_doctor_kills_a_stopped_supervisor_without_letting_it_run_again(
 def test_a_revoked_supervisor_once_resumed_cannot_restore_its_record_and_exits(
     denv: DaemonEnv,
 ) -> None:
-    from trio_agentd._doctor import RealHooks
+    from trio_agentd._doctor_repair import RealHooks
     from trio_agentd._paths import Layout
 
     denv.prompt("one", session="s")

@@ -8,7 +8,7 @@ import signal
 import time
 from typing import Any
 
-from trio_agentd import _doctor
+from trio_agentd import _doctor_repair
 from trio_agentd._doctor_plan import Status, Verdict
 from trio_agentd._paths import Layout
 
@@ -55,9 +55,9 @@ def test_doctor_reprobe_returns_a_verdict_that_recovers_within_its_window(
         calls.append(time.monotonic())
         return verdicts[min(len(calls) - 1, 1)]
 
-    monkeypatch.setattr(_doctor, "observe", lambda *a, **k: (None, None))
-    monkeypatch.setattr(_doctor, "classify", fake_classify)
-    hooks = _doctor.RealHooks(Layout(home=denv.home, socket=denv.socket,
+    monkeypatch.setattr(_doctor_repair, "observe", lambda *a, **k: (None, None))
+    monkeypatch.setattr(_doctor_repair, "classify", fake_classify)
+    hooks = _doctor_repair.RealHooks(Layout(home=denv.home, socket=denv.socket,
                                      registry=denv.registry))
     verdict = hooks.reprobe(denv.socket)
     assert verdict is not None
@@ -73,12 +73,12 @@ def test_doctor_reprobe_gives_up_after_its_window(denv: DaemonEnv, monkeypatch: 
         calls.append(len(calls))
         return stuck
 
-    monkeypatch.setattr(_doctor, "observe", lambda *a, **k: (None, None))
-    monkeypatch.setattr(_doctor, "classify", fake_classify)
-    hooks = _doctor.RealHooks(Layout(home=denv.home, socket=denv.socket,
+    monkeypatch.setattr(_doctor_repair, "observe", lambda *a, **k: (None, None))
+    monkeypatch.setattr(_doctor_repair, "classify", fake_classify)
+    hooks = _doctor_repair.RealHooks(Layout(home=denv.home, socket=denv.socket,
                                      registry=denv.registry))
     clock = iter([0.0, 0.0, 1.0, 2.0, 3.0])  # time.monotonic as the window sees it
-    monkeypatch.setattr(time, "monotonic", lambda: next(clock))  # as _doctor sees it
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))  # as _doctor_repair sees it
     monkeypatch.setattr(time, "sleep", lambda _s: None)
     assert hooks.reprobe(denv.socket) == stuck
     assert len(calls) == 4  # at 0, 1, 2 and 3 s: still stuck at the end of the 3 s window

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_agentd import _doctor
+from trio_agentd import _doctor, _doctor_discover, _doctor_probe
 from trio_agentd._paths import Layout
 
 from .harness import DaemonEnv, wait_for
@@ -25,8 +25,8 @@ def _count_scans(monkeypatch: pytest.MonkeyPatch, env: DaemonEnv) -> list[Path]:
     """Count the process scans; the listening sockets are this test's alone (on a shared
     machine another test's supervisor, of this uid, may just have lost its socket file)."""
     scans: list[Path] = []
-    real = _doctor.scanned_sockets
-    real_listening = _doctor.listening_sockets
+    real = _doctor_discover.scanned_sockets
+    real_listening = _doctor_discover.listening_sockets
 
     def ours_only(named: set[str]) -> list[tuple[str, bool, str]] | None:
         found = real_listening(named)
@@ -120,12 +120,12 @@ def test_listening_sockets_show_a_deleted_socket_file(tmp_path: Path) -> None:
         s.listen()
         w.bind(worker)
         w.listen()
-        listeners = _doctor.listening_sockets({path})
+        listeners = _doctor_discover.listening_sockets({path})
         assert listeners is not None
         assert (path, True, "ours") in listeners
         assert not [entry for entry in listeners if entry[0] == worker]  # a worker's: skipped
         os.unlink(path)
-        listeners = _doctor.listening_sockets(set())
+        listeners = _doctor_discover.listening_sockets(set())
         assert listeners is not None
         assert (path, False, "gone") in listeners
 
@@ -159,7 +159,7 @@ def test_hello_probes_run_at_once(tmp_path: Path) -> None:
     server = threading.Thread(target=serve, daemon=True)
     server.start()
     try:
-        got = _doctor.probe_hellos([*paths, str(sock_dir / "none.sock")],
+        got = _doctor_probe.probe_hellos([*paths, str(sock_dir / "none.sock")],
                                    Patient())  # type: ignore[arg-type]
     finally:
         for lst in listeners:
@@ -168,7 +168,7 @@ def test_hello_probes_run_at_once(tmp_path: Path) -> None:
     assert not server.is_alive()
     for i, path in enumerate(paths):
         result = got[path]
-        assert not isinstance(result, _doctor.Untrusted)
+        assert not isinstance(result, _doctor_probe.Untrusted)
         assert result[:2] == (True, True)
         assert result[2] is not None
         assert result[2]["generation"] == f"g{i}"
@@ -184,8 +184,8 @@ def test_an_untrusted_socket_dir_does_not_stop_the_other_probes(tmp_path: Path) 
     lst.bind(str(good / "d.sock"))
     lst.listen(1)
     try:
-        got = _doctor.probe_hellos([str(bad / "d.sock"), str(good / "d.sock")])
+        got = _doctor_probe.probe_hellos([str(bad / "d.sock"), str(good / "d.sock")])
     finally:
         lst.close()
-    assert isinstance(got[str(bad / "d.sock")], _doctor.Untrusted)
+    assert isinstance(got[str(bad / "d.sock")], _doctor_probe.Untrusted)
     assert got[str(good / "d.sock")] == (True, True, None)  # accepted, no hello in time

@@ -52,7 +52,7 @@ def test_ps_finds_a_supervisor_that_lost_every_file_by_its_command_line(
 
 
 def test_a_command_line_names_its_socket() -> None:
-    from trio_agentd._doctor import daemon_socket_of
+    from trio_agentd._doctor_discover import daemon_socket_of
 
     py = "/usr/bin/python3"
     assert daemon_socket_of([py, "-E", "-P", "-m", "trio_agentd", "--socket", "/s/d.sock",

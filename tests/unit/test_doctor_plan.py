@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from trio_agentd._doctor import Found, Hooks, Outcome, execute
+from trio_agentd._doctor import Found
 from trio_agentd._doctor_plan import (
     PROBLEMS,
     REMEDY_OWNERSHIP_LOST,
@@ -32,6 +32,7 @@ from trio_agentd._doctor_plan import (
     plan_repair,
     remedy,
 )
+from trio_agentd._doctor_repair import Hooks, Outcome, execute
 from trio_agentd._plain import replace
 from trio_agentd._report import print_table
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from trio_agentd._followers import Followers
 from trio_agentd._logs import Printer, Tail, history
 from trio_agentd._rotate import Limits, RotatingLog, limits_from_env, shift
 from trio_agentd._session import Transcript
-from trio_agentd._worker import Followers
 
 
 def test_limits_from_env() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from trio_agentd import _client, _protocol, _syncclient, _syncconn, _wirerules, cli
-from trio_agentd._doctor import RealHooks
+from trio_agentd._doctor_repair import RealHooks
 from trio_agentd._errors import AgentdError, ErrorCode, NoSupervisor, single_errors
 from trio_agentd._paths import Layout
 from trio_agentd._registry import Registry

@@ -1,7 +1,7 @@
 """Fake worker processes for the supervisor's recovery shell, all inside trio.
 
 ``FakeWorkerOps`` implements :class:`trio_agentd._handle.WorkerOps`: a "spawned" worker is a
-real :class:`~trio_agentd._worker.WorkerCore` served over in-memory streams, so links,
+real :class:`~trio_agentd._workercore.WorkerCore` served over in-memory streams, so links,
 authentication, re-fence and journal-free dedup behave as in production, while every wait is
 a trio wait that ``autojump_clock`` can skip exactly.
 """
@@ -22,7 +22,7 @@ import trio.testing
 from .._errors import AgentdError, ErrorCode
 from .._fence import Claim
 from .._handle import WorkerHandle
-from .._worker import watched_refence
+from .._refence import watched_refence
 from .._workerlink import WorkerLink, link_over_stream
 from ..agents import Agent
 from ..timing import DEFAULT_TIMING, Timing
@@ -161,7 +161,7 @@ class FakeWorkerOps:
     """The process layer of a session handle (:class:`~trio_agentd._handle.WorkerOps`), faked.
 
     Each "spawn" is a :class:`FakeProcess` whose worker is a real
-    :class:`~trio_agentd._worker.WorkerCore` served over in-memory streams, started on the
+    :class:`~trio_agentd._workercore.WorkerCore` served over in-memory streams, started on the
     first connect. Pass it to ``WorkerHandle(ops, session_id, agent, cwd)``; nothing is spawned
     until the handle's first command (``supervise_new``) or ``supervise(wanted=True)``.
 

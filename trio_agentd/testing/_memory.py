@@ -10,7 +10,7 @@ import trio.testing
 
 from .._ownership import RECORD_VERSION, OwnerRecord, Phase
 from .._plain import replace
-from .._worker import WorkerCore
+from .._workercore import WorkerCore
 from ..agents import Agent, EchoAgent
 from ..timing import DEFAULT_TIMING, Timing
 
@@ -89,7 +89,7 @@ def make_worker_core(
 ) -> WorkerCore:
     """A worker core with no files: in-memory registry (unless ``read_record`` and
     ``read_start_id`` say otherwise), no journal or transcript; it re-fences every
-    ``refence_interval``, or as ``wait_change`` says (``trio_agentd._worker.watched_refence``)."""
+    ``refence_interval``, or as ``wait_change`` says (``trio_agentd._refence.watched_refence``)."""
     return WorkerCore(
         session_id=session_id,
         agent=agent or EchoAgent(),
