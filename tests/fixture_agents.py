@@ -64,3 +64,19 @@ def at_exit() -> _Echo:
     ``atexit`` handler runs however its worker leaves)."""
     atexit.register(_append, f"atexit {os.getpid()}")
     return _Echo()
+
+
+def _leave_when_let(pid: int) -> None:
+    """Append ``leaving <pid>``, wait until someone opens the FIFO ``TA_FIXTURE_FIFO`` for
+    writing and closes it, then append ``atexit <pid>``."""
+    _append(f"leaving {pid}")
+    with open(os.environ["TA_FIXTURE_FIFO"], "rb") as fifo:
+        fifo.read()
+    _append(f"atexit {pid}")
+
+
+def at_exit_waits() -> _Echo:
+    """An echo agent whose ``atexit`` handler holds its worker, leaving, until the test lets
+    it go (a window for signals that must not end it midway)."""
+    atexit.register(_leave_when_let, os.getpid())
+    return _Echo()

@@ -12,7 +12,7 @@ import os
 import signal
 import socket as _socket
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import trio
@@ -102,7 +102,7 @@ async def run_worker(
     listener = trio.SocketListener(sock)
     on_ready()
     stopped_by: list[str] = []
-    with trio.open_signal_receiver(*WORKER_SIGNALS) as signals:
+    with _stop_signals_received() as signals:
         async with trio.open_nursery() as nursery:
 
             async def on_signal() -> None:
@@ -159,6 +159,27 @@ async def run_worker(
 # ignored. Anything else (KILL, SEGV, ...) ends it: a crash, respawned within the restart limit.
 WORKER_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 WORKER_SIGNALS = (*sorted(WORKER_STOP_SIGNALS), signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+
+
+@contextlib.contextmanager
+def _stop_signals_received() -> Iterator[AsyncIterator[int]]:
+    """The worker's signals, received while it serves; once it is leaving, the stop signals
+    are ignored. Its supervisor TERMs a worker that said it stopped (to be sure it is gone),
+    and a stop signal's default action would end it midway, before its ``atexit`` handlers
+    and its flushed log: blocked before the receiver gives the default action back, then
+    ignored (a pending one with it), the worker still leaves by its own exit. (It stays
+    killable: its supervisor's SIGKILL follows after ``stop_grace``.)"""
+    stop = set(WORKER_STOP_SIGNALS)
+    try:
+        with trio.open_signal_receiver(*WORKER_SIGNALS) as signals:
+            try:
+                yield signals
+            finally:
+                signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    finally:
+        for signum in stop:
+            signal.signal(signum, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
 
 
 def main() -> None:

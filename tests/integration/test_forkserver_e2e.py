@@ -13,6 +13,7 @@ workers, ``kill -9``, ``/proc``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -288,6 +289,47 @@ def test_an_agents_atexit_handlers_run_when_its_worker_ends_forked_or_execd(
     wait_for(lambda: not _alive(execd), timeout=30, what="the exec'd worker to exit")
     assert ran_atexit(execd)
     assert "Traceback" not in denv.log_text()
+
+
+def test_a_stop_signal_to_a_worker_that_is_leaving_does_not_cut_its_atexit_handlers_short(
+    denv: DaemonEnv, tmp_path: Path,
+) -> None:
+    """A worker TERMed again while it is leaving (as its supervisor does to a worker that said
+    it stopped) still runs its ``atexit`` handlers to their end: once it leaves, the stop
+    signals no longer have their default action."""
+    runs, fifo = tmp_path / "runs.log", tmp_path / "let-go"
+    os.mkfifo(fifo)
+    extra = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "TA_FIXTURE_FILE": str(runs),
+             "TA_FIXTURE_FIFO": str(fifo)}
+    cp = cli(denv, "-p", "-s", "w", "--agent", "tests.fixture_agents:at_exit_waits", "hi",
+             extra=extra)
+    assert cp.returncode == 0, cp.stderr
+    worker = _worker(denv, "w")
+
+    def lines() -> list[str]:
+        return runs.read_text().splitlines() if runs.exists() else []
+
+    os.kill(worker, signal.SIGTERM)  # an operator's TERM: a clean stop
+    wait_for(lambda: f"leaving {worker}" in lines(), timeout=30,
+             what="the worker to run its atexit handlers")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        os.kill(worker, sig)
+
+    def let_go() -> bool:
+        """Open the FIFO (the handler then goes on) once the handler has it open."""
+        assert _alive(worker), "a stop signal ended the worker while it was leaving"
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no reader yet
+                return False
+            raise
+        os.close(fd)
+        return True
+
+    wait_for(let_go, timeout=30, what="the worker's atexit handler to open the FIFO")
+    wait_for(lambda: not _alive(worker), timeout=30, what="the worker to exit")
+    assert f"atexit {worker}" in lines()
 
 
 def _spare_pids(env: DaemonEnv) -> list[int]:

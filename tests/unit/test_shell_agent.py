@@ -8,6 +8,7 @@ the test holds open, and the death of a process is awaited on its pidfd.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
@@ -467,6 +468,38 @@ async def test_cancel_stops_what_the_turn_started_but_not_earlier_jobs(
             # (bash may report the killed job on stderr, as it would at a terminal)
             answer = await s.ask("echo back")
             assert (answer.out, answer.status) == (b"back\n", 0)
+
+
+async def test_a_turn_starts_in_a_later_clock_tick_than_the_last_answer(
+    tmp_path: Path, program: str
+) -> None:
+    """What a turn started is told apart from earlier turns' processes by its start tick
+    alone (``/proc/PID/stat``): back to back, each turn's process starts in a later tick than
+    the last turn's did."""
+    async with session_in(tmp_path, program) as s:
+        ticks = [int((await s.ok("cut -d' ' -f22 /proc/self/stat")).split()[-1])
+                 for _ in range(20)]
+        assert all(a < b for a, b in itertools.pairwise(ticks)), ticks
+
+
+async def test_cancel_stops_a_subshell_of_the_turn_that_never_execs(
+    tmp_path: Path, program: str
+) -> None:
+    """A background subshell running builtins only keeps the shell's environment from its
+    start (never the turn's exported ``TRIO_AGENTD_TURN``); the cancel stops it all the same,
+    turn after turn, however soon after the last answer the turn starts."""
+    os.mkfifo(tmp_path / "never")
+    async with session_in(tmp_path, program) as s:
+        await s.ok("true")
+        for _ in range(5):
+            answer = await cancel_once(
+                s, f"( read -r x <> {tmp_path / 'never'} ) & echo $!; wait", b"\n")
+            pid = int(answer.out)
+            left = not gone(pid)
+            if left:
+                with watched([pid]):
+                    pass  # killed on the way out
+            assert not left, "the cancel answered with the turn's subshell still running"
 
 
 async def test_a_command_that_ignores_sigint_gets_sigterm_after_the_grace(

@@ -36,13 +36,16 @@ the next prompt) and returns from the function that runs the prompt with ``eval`
 rest of the command line does not run; in a function the prompt itself defined, only that function
 returns, and the escalation below ends the rest. Background jobs of earlier prompts are not
 signalled, as at a terminal: a process belongs to the turn if it is in the shell's group and
-started after the turn did (for one started within the same clock tick, its
-``TRIO_AGENTD_TURN`` decides). After ``kill_grace`` seconds without an answer the turn's
-processes get SIGTERM (the shell too, which traps it), then SIGKILL; once the shell answers,
-whatever the turn started that still runs gets SIGTERM and, a moment later, SIGKILL. A shell
-that still does not answer (it was killed, or ignores both signals) is killed with its whole
-group and reaped, and the next prompt starts a new one; so is a shell cut off while it was
-still being sent the prompt (it had not started the command).
+started no earlier than the turn did, in the clock ticks of ``/proc/PID/stat``; a turn starts
+in a later tick than the shell's last answer (a prompt sent within that tick waits for the
+next, at most one tick), so a process of an earlier turn never shares the turn's tick. (A
+process's environment cannot tell: a shell's fork that has not exec'd yet, or a subshell that
+never does, shows the shell's own environment from its start.) After ``kill_grace`` seconds
+without an answer the turn's processes get SIGTERM (the shell too, which traps it), then
+SIGKILL; once the shell answers, whatever the turn started that still runs gets SIGTERM and,
+a moment later, SIGKILL. A shell that still does not answer (it was killed, or ignores both
+signals) is killed with its whole group and reaped, and the next prompt starts a new one; so
+is a shell cut off while it was still being sent the prompt (it had not started the command).
 
 Orphans and restarts. Every turn tells ``ctx.on_group`` the shell's process group (the same
 one, turn after turn) before it sends the prompt, so a worker killed mid-turn leaves a journaled
@@ -173,6 +176,9 @@ class _Shell:
         self.err_open = True
         self.exited = False  # its pidfd turned readable (it is unreaped until ``reap``)
         self.returncode: int | None = None
+        # the clock tick its last turn ended in: every process an earlier turn started, started
+        # no later
+        self.answered_at = 0
 
     @classmethod
     async def start(cls, program: str, ctx: TurnContext, cwd: bytes) -> _Shell:
@@ -337,9 +343,9 @@ class _Shell:
 
     # --- signals and the end ---------------------------------------------------------------
 
-    def members(self, started_after: int, turn: int) -> list[int]:
+    def members(self, started_after: int) -> list[int]:
         """Processes of the shell's group (not the shell) that this turn started."""
-        return _turn_members(self.proc.pid, started_after, turn)
+        return _turn_members(self.proc.pid, started_after)
 
     def signal(self, sig: int, pids: list[int], *, shell: bool) -> None:
         if shell and not self.exited:
@@ -398,11 +404,20 @@ def _ticks_now() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
-def _turn_members(pgid: int, started_after: int, turn: int) -> list[int]:
-    """Live members of group ``pgid`` other than its leader that started during ``turn``:
-    started no earlier than the turn's start (in clock ticks), and, for those that started in
-    that very tick, not carrying an earlier turn's ``TRIO_AGENTD_TURN``. One /proc scan: only
-    a cancelled turn pays for it."""
+async def _a_tick_after(tick: int) -> int:
+    """Now, in clock ticks, once that is later than ``tick`` (a wait of at most one tick)."""
+    if _ticks_now() <= tick:
+        # trio's sleep runs on CLOCK_MONOTONIC, which CLOCK_BOOTTIME never falls behind; the
+        # extra millisecond covers the float rounding of both
+        until = (tick + 1) / os.sysconf("SC_CLK_TCK") + 0.001
+        await trio.sleep(max(0.0, until - time.clock_gettime(time.CLOCK_BOOTTIME)))
+    return _ticks_now()
+
+
+def _turn_members(pgid: int, started_after: int) -> list[int]:
+    """Live members of group ``pgid`` other than its leader that started no earlier than the
+    turn's start (in clock ticks; no earlier turn's process started in that tick). One /proc
+    scan: only a cancelled turn pays for it."""
     found: list[int] = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == pgid:
@@ -416,25 +431,9 @@ def _turn_members(pgid: int, started_after: int, turn: int) -> list[int]:
             start = int(fields[19])
         except (OSError, IndexError, ValueError):
             continue
-        if start < started_after:
-            continue
-        if start == started_after and _turn_of(int(name)) not in (None, turn):
-            continue
-        found.append(int(name))
+        if start >= started_after:
+            found.append(int(name))
     return found
-
-
-def _turn_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
-        return None
-    for entry in env.split(b"\0"):
-        if entry.startswith(b"TRIO_AGENTD_TURN="):
-            with contextlib.suppress(ValueError):
-                return int(entry.split(b"=", 1)[1])
-    return None
 
 
 def _signal_pids(pgid: int, pids: list[int], sig: int) -> None:
@@ -604,7 +603,9 @@ class ShellAgent:
             self._busy = False
             raise
         try:
-            started_at = _ticks_now()
+            # a later tick than the shell's last answer: what the turn starts is told apart
+            # from what earlier turns started by its start tick alone
+            started_at = await _a_tick_after(shell.answered_at)
             seq = 0
             finished = False
             try:
@@ -656,6 +657,7 @@ class ShellAgent:
                 code = shell.returncode if shell.returncode is not None else 255
             yield ExitStatus(code)
         finally:
+            shell.answered_at = _ticks_now()
             self._busy = False
 
     async def _interrupt(self, shell: _Shell, seq: int, started_at: int, ctx: TurnContext
@@ -683,7 +685,7 @@ class ShellAgent:
             for sig, to_shell, wait in steps:
                 if seq in shell.status or shell.exited:
                     break
-                shell.signal(sig, shell.members(started_at, ctx.turn), shell=to_shell)
+                shell.signal(sig, shell.members(started_at), shell=to_shell)
                 with trio.move_on_after(wait):
                     while seq not in shell.status and not shell.exited:
                         await shell.next_event()  # output of a cancelled turn goes nowhere
@@ -692,11 +694,11 @@ class ShellAgent:
                 return
             self._keep_cwd(ctx, shell.cwd)
             # the shell is back; what the turn started and left running goes too
-            left = shell.members(started_at, ctx.turn)
+            left = shell.members(started_at)
             if left:
                 shell.signal(signal.SIGTERM, left, shell=False)
                 await _wait_gone(left, _TERM_GRACE)
-                left = shell.members(started_at, ctx.turn)
+                left = shell.members(started_at)
                 shell.signal(signal.SIGKILL, left, shell=False)
                 await _wait_gone(left, _ANSWER_BOUND)  # the answer comes once they are gone
             for _ in shell.pending_output():
