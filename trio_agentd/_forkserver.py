@@ -66,6 +66,12 @@ REQUEST_TIMEOUT = 5.0
 # a spare that could not be forked (no descriptors, no processes) is tried again after this
 SPARE_RETRY_DELAY = 1.0
 MAX_RESTART_DELAY = 60.0
+# the template's exit is waited for this long when its supervisor is done with it
+EXIT_WAIT = 2.0
+# no pidfd to spare (EMFILE) for waiting on a process's exit: it is polled this often
+EXIT_POLL = 0.05
+# the least the spare-keeping loop sleeps before it looks at its demand again (never spins)
+MIN_WAKE = 0.01
 
 
 def interpreter_env(env: Mapping[str, str]) -> dict[str, str | None]:
@@ -384,7 +390,7 @@ class _EarlyProcess:
             try:
                 fd = os.pidfd_open(self.pid)
             except OSError:
-                await trio.sleep(0.05)  # no pidfd to spare: look again
+                await trio.sleep(EXIT_POLL)  # no pidfd to spare: look again
                 continue
             try:
                 await trio.lowlevel.wait_readable(fd)
@@ -480,7 +486,7 @@ class ForkServer:
             self._close()
             self.drop_spares()
             if self._proc is not None:
-                with trio.move_on_after(2, shield=True):
+                with trio.move_on_after(EXIT_WAIT, shield=True):
                     await self._proc.wait()
 
     async def _run_once(self) -> bool:
@@ -791,5 +797,5 @@ class ForkServer:
             self._spares_changed = trio.Event()
             # the demand ages out: look again once the oldest start leaves the window
             wait = (self._demand[0] + self.demand_window - now) if self._demand else math.inf
-            with trio.move_on_after(max(wait, 0.01)):
+            with trio.move_on_after(max(wait, MIN_WAKE)):
                 await self._spares_changed.wait()

@@ -58,9 +58,11 @@ from ._trust import (
 from ._worker import FAILED_LINE_MAX, WorkerConfig
 from ._workerlink import WorkerLink, link_over_stream
 from .timing import (
+    LINK_CLOSE_TIMEOUT,
     LOG_RATE_INTERVAL,
     MAX_PARALLEL_SPAWNS,
     MAX_SPARE_WORKERS,
+    MIN_WAKE,
     SPARE_DEMAND_WINDOW,
     Timing,
 )
@@ -322,7 +324,7 @@ class ProcessWorkerOps:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             buf = b""
         finally:
-            with trio.move_on_after(1, shield=True):
+            with trio.move_on_after(LINK_CLOSE_TIMEOUT, shield=True):
                 await stdin.aclose()
                 await stdout.aclose()
         if buf.startswith(b"failed ") and buf.endswith(b"\n"):
@@ -570,7 +572,7 @@ async def _wait_pid_exit(pid: int) -> None:
     """Wait for a process that is not our child to exit: a pidfd where there is one."""
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is None:
-        await trio.sleep(0.01)
+        await trio.sleep(MIN_WAKE)
         return
     try:
         fd = pidfd_open(pid)
@@ -578,7 +580,7 @@ async def _wait_pid_exit(pid: int) -> None:
         return
     except OSError:
         # no descriptor to spare (EMFILE): poll instead; the caller checks liveness again
-        await trio.sleep(0.01)
+        await trio.sleep(MIN_WAKE)
         return
     try:
         await trio.lowlevel.wait_readable(fd)
