@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import signal
-import socket as _socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,29 +150,28 @@ class ProcessWorkerOps:
         if h.token is None:
             raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "no token for this worker")
         path = self.layout.worker_socket(h.session_id)
-        try:
-            sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        except OSError as exc:
-            raise self._resource_error(h, exc, f"cannot reach worker at {path}") from None
+        stream: trio.SocketStream | None = None
         try:
             # the token goes only to a worker of ours: the dir and the peer are proven first
             prove_socket_dir(os.path.dirname(path))
-            await sock.connect(path)
-            prove_peer(sock, path)
+            stream = await trio.open_unix_socket(path)
+            prove_peer(stream.socket, path)
         except (OSError, AgentdError) as exc:
-            sock.close()
+            if stream is not None:
+                stream.socket.close()
             if isinstance(exc, OSError) and is_exhaustion(exc):
                 raise self._resource_error(h, exc, f"cannot reach worker at {path}") from None
             raise AgentdError(
                 ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
             ) from None
         except BaseException:
-            sock.close()
+            if stream is not None:
+                stream.socket.close()
             raise
         self.exhausted.pop(h.session_id, None)
         own = self.ownership.record
         link = await link_over_stream(
-            trio.SocketStream(sock),
+            stream,
             token=h.token,
             generation=own.generation,
             pid=own.pid,
