@@ -46,6 +46,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# its timing: see trio_agentd.timing
+from .timing import FORK_TEMPLATE_EXIT_POLL as EXIT_POLL
+from .timing import FORK_TEMPLATE_EXIT_WAIT as EXIT_WAIT
+from .timing import FORK_TEMPLATE_MAX_RESTART_DELAY as MAX_RESTART_DELAY
+from .timing import FORK_TEMPLATE_READY_TIMEOUT as READY_TIMEOUT
+from .timing import FORK_TEMPLATE_REQUEST_TIMEOUT as REQUEST_TIMEOUT
+from .timing import MIN_WAKE, SPARE_RETRY_DELAY
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import trio
@@ -60,18 +68,6 @@ MAX_MESSAGE = 4 * 1024 * 1024
 # under HOME; the locale: the filesystem and stdio encodings, UTF-8 mode): a worker whose
 # environment differs here from the template's is exec'd, so it starts as it always did
 INTERPRETER_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE")
-# how long the template may take to start (a Python start and the imports), and to answer
-READY_TIMEOUT = 30.0
-REQUEST_TIMEOUT = 5.0
-# a spare that could not be forked (no descriptors, no processes) is tried again after this
-SPARE_RETRY_DELAY = 1.0
-MAX_RESTART_DELAY = 60.0
-# the template's exit is waited for this long when its supervisor is done with it
-EXIT_WAIT = 2.0
-# no pidfd to spare (EMFILE) for waiting on a process's exit: it is polled this often
-EXIT_POLL = 0.05
-# the least the spare-keeping loop sleeps before it looks at its demand again (never spins)
-MIN_WAKE = 0.01
 
 
 def interpreter_env(env: Mapping[str, str]) -> dict[str, str | None]:

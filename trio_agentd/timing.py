@@ -288,6 +288,18 @@ MAX_PARALLEL_SPAWNS = 16
 # seconds otherwise; a respawn or a new session's first start then takes one (no fork)
 MAX_SPARE_WORKERS = 4
 SPARE_DEMAND_WINDOW = 10.0
+# a spare that could not be forked (no descriptors, no processes) is tried again after this
+SPARE_RETRY_DELAY = 1.0
+# the fork template may take this long to start (a Python start and the imports), and this
+# long to answer a request (silent longer: wedged, killed); its restart delay doubles to
+# FORK_TEMPLATE_MAX_RESTART_DELAY while it keeps dying before it is ready
+FORK_TEMPLATE_READY_TIMEOUT = 30.0
+FORK_TEMPLATE_REQUEST_TIMEOUT = 5.0
+FORK_TEMPLATE_MAX_RESTART_DELAY = 60.0
+# the template's exit is waited for this long when its supervisor is done with it; with no
+# pidfd to spare (EMFILE) its exit is polled this often
+FORK_TEMPLATE_EXIT_WAIT = 2.0
+FORK_TEMPLATE_EXIT_POLL = 0.05
 
 # --- the real-daemon test fixture (``trio_agentd.testing.DaemonEnv``) --------------------------
 # Not part of ``Timing``: limits of a test's own waits on real processes, never the daemon's.
