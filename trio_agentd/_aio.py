@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from ._defaults import CLOSE_TIMEOUT
 from ._errors import AgentdError, ErrorCode
 from ._framing import RECEIVE_SIZE, Framing
 from ._protocol import MAX_FRAME, Message, encode
@@ -100,7 +101,7 @@ class MessageStream(Framing):
         return True
 
     async def aclose(self) -> None:
-        with anyio.move_on_after(1, shield=True):
+        with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
             await self.stream.aclose()
 
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._defaults import CLIENT, ClientTiming
+from ._defaults import CLIENT, HANDOVER_EXIT_GRACE, HANDOVER_POLL, ClientTiming
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
 from ._version import APP_VERSION, PROTOCOL_VERSION
@@ -235,9 +235,6 @@ def _handover_wait(timing: Timing | ClientTiming) -> float:
     return timing.handover_wait
 
 
-HANDOVER_EXIT_GRACE = 20.0  # seconds an old supervisor has to exit once asked to release
-
-
 def hand_over(
     layout: Layout,
     timing: Timing | ClientTiming = CLIENT,
@@ -339,7 +336,7 @@ def hand_over(
                              f" over to {APP_VERSION}…")
                 said_busy = True
                 conn.close()
-                time.sleep(0.1)
+                time.sleep(HANDOVER_POLL)
                 continue
             _release(layout, conn, hello)
             proc = None  # (a supervisor we spawned lost to another one, now released too)
@@ -377,7 +374,7 @@ def _release(layout: Layout, conn: _Conn, hello: dict[str, Any]) -> None:
     """Ask the supervisor to release the socket and exit, leaving its workers running (the
     ``shutdown`` op with ``stop_workers: false``, which every protocol version has); wait for
     it to exit."""
-    from ._identity import is_alive
+    from ._identity import wait_gone
     from ._syncconn import _await_response, _Lost
 
     try:
@@ -395,16 +392,13 @@ def _release(layout: Layout, conn: _Conn, hello: dict[str, Any]) -> None:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return
     start_id = start_id if isinstance(start_id, str) else None
-    deadline = time.monotonic() + HANDOVER_EXIT_GRACE
-    while is_alive(pid, start_id):
-        if time.monotonic() > deadline:
-            raise AgentdError(
-                ErrorCode.DAEMON_UNAVAILABLE,
-                f"supervisor pid {pid} (trio-agentd {hello.get('app_version')}) was asked to"
-                f" hand {layout.socket} over to {APP_VERSION} but did not exit within"
-                f" {HANDOVER_EXIT_GRACE:g}s — run `trio-agentd doctor --fix`",
-            )
-        time.sleep(0.02)
+    if not wait_gone(pid, start_id, HANDOVER_EXIT_GRACE):
+        raise AgentdError(
+            ErrorCode.DAEMON_UNAVAILABLE,
+            f"supervisor pid {pid} (trio-agentd {hello.get('app_version')}) was asked to"
+            f" hand {layout.socket} over to {APP_VERSION} but did not exit within"
+            f" {HANDOVER_EXIT_GRACE:g}s — run `trio-agentd doctor --fix`",
+        )
 
 
 def main() -> None:

@@ -28,6 +28,8 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from ._aio import MessageStream, Silence, backend, connect_unix, raw_socket, watch
 from ._autostart import is_older, is_ours
+from ._defaults import AUTOSTART_HELPER_MARGIN, CLOSE_TIMEOUT, RESEND_DELAY, RESEND_DELAY_MAX
+from ._defaults import GRANT_MARGIN as _GRANT_MARGIN
 from ._errors import AgentdError, ErrorCode, single_errors
 from ._paths import Layout, check_socket_path
 from ._protocol import (
@@ -49,7 +51,6 @@ from ._wirerules import RETRY_FOR as RETRY_FOR
 from ._wirerules import RETRYABLE as _RETRYABLE
 from .timing import DEFAULT_TIMING, Timing
 
-_GRANT_MARGIN = 5.0  # seconds: a grant this close to its expiry is renewed before use
 _EVENTS_BUFFERED = 8  # per request (chunks of up to 256 KiB: 2 MiB); a consumer that falls
 # behind pauses the connection
 _NO_RESEND = frozenset({"shutdown", "restart"})
@@ -313,7 +314,7 @@ class Client:
     ) -> Any:
         budget = 0.0 if op in _NO_RESEND else RETRY_FOR
         deadline = anyio.current_time() + budget
-        delay = 0.025
+        delay = RESEND_DELAY
         while True:
             try:
                 return await self._exchange_once(
@@ -334,7 +335,7 @@ class Client:
                     f" one again within {budget:g}s",
                 ) from None
             await anyio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, RESEND_DELAY_MAX)
 
     # the data plane ------------------------------------------------------------------------
     async def _prompt_direct(
@@ -360,7 +361,7 @@ class Client:
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False,
                        "raw": True}
         deadline = anyio.current_time() + RETRY_FOR
-        delay = 0.025
+        delay = RESEND_DELAY
         fresh = False
         while True:
             route = await self._route(session, args, agent, fresh=fresh)
@@ -387,7 +388,7 @@ class Client:
                     f" {RETRY_FOR:g}s ({error})",
                 ) from None
             await anyio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, RESEND_DELAY_MAX)
             fresh = True
 
     async def _route(
@@ -680,9 +681,9 @@ async def _autostart(layout: Layout, timing: Timing, *, handover: bool = False) 
 
     argv = [*isolated_python("trio_agentd._autostart"), "--socket", layout.socket,
             "--home", str(layout.home), "--registry", str(layout.registry)]
-    bound = timing.startup_timeout + 5
+    bound = timing.startup_timeout + AUTOSTART_HELPER_MARGIN
     if handover:
-        from ._autostart import HANDOVER_EXIT_GRACE
+        from ._defaults import HANDOVER_EXIT_GRACE
 
         argv += ["--handover", "--handover-wait", repr(timing.handover_wait)]
         bound += timing.handover_wait + HANDOVER_EXIT_GRACE
@@ -770,5 +771,5 @@ async def open_client(
             finally:
                 tasks.cancel_scope.cancel()
                 if client._conn is not None:
-                    with anyio.move_on_after(1, shield=True):
+                    with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
                         await client._conn.ms.aclose()

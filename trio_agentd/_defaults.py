@@ -23,6 +23,33 @@ REPROBE_WINDOW = 3.0
 # a client of a newer version that meets an older supervisor hands over to a supervisor of its
 # own installation once no session is busy: it waits at most this long for busy sessions
 HANDOVER_WAIT = 15.0
+# closing a stream (a client's connection, a link to a worker, a subprocess's pipes) in a
+# shielded scope gives up on a peer that does not read after this long
+CLOSE_TIMEOUT = 1.0
+# ``trio-agentd shutdown`` (and ``shutdown --all``) waits this long for each supervisor it asked
+# to exit, polling every EXIT_POLL; longer than a supervisor's own shutdown bound at the default
+# timing (``timing.shutdown_bound``: drain, stop the workers, release its record)
+SHUTDOWN_EXIT_WAIT = 25.0
+EXIT_POLL = 0.02
+# ``trio-agentd restart`` waits this long for the new supervisor's hello, probing every
+# PROBE_INTERVAL
+RESTART_WAIT = 30.0
+# a command lost with its connection is resent (same id) for this long in all, after delays
+# that start at RESEND_DELAY and double up to RESEND_DELAY_MAX; ``logs -f`` reattaches on the
+# same schedule (its session poll starts at FOLLOW_RETRY_DELAY)
+RETRY_FOR = 60.0
+RESEND_DELAY = 0.025
+RESEND_DELAY_MAX = 1.0
+FOLLOW_RETRY_DELAY = 0.05
+# a route grant this close to its expiry is renewed (async client) or not used from the route
+# cache (blocking client) instead
+GRANT_MARGIN = 5.0
+# the autostart helper process is given startup_timeout and this long before it is abandoned
+AUTOSTART_HELPER_MARGIN = 5.0
+# an old supervisor asked to release its socket for a handover has this long to exit; while
+# busy sessions hold the handover up, they are looked at again every HANDOVER_POLL
+HANDOVER_EXIT_GRACE = 20.0
+HANDOVER_POLL = 0.1
 
 
 class ClientTiming:

@@ -46,6 +46,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# its timing: see trio_agentd.timing
+from .timing import FORK_TEMPLATE_EXIT_POLL as EXIT_POLL
+from .timing import FORK_TEMPLATE_EXIT_WAIT as EXIT_WAIT
+from .timing import FORK_TEMPLATE_MAX_RESTART_DELAY as MAX_RESTART_DELAY
+from .timing import FORK_TEMPLATE_READY_TIMEOUT as READY_TIMEOUT
+from .timing import FORK_TEMPLATE_REQUEST_TIMEOUT as REQUEST_TIMEOUT
+from .timing import MIN_WAKE, SPARE_RETRY_DELAY
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import trio
@@ -60,12 +68,6 @@ MAX_MESSAGE = 4 * 1024 * 1024
 # under HOME; the locale: the filesystem and stdio encodings, UTF-8 mode): a worker whose
 # environment differs here from the template's is exec'd, so it starts as it always did
 INTERPRETER_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE")
-# how long the template may take to start (a Python start and the imports), and to answer
-READY_TIMEOUT = 30.0
-REQUEST_TIMEOUT = 5.0
-# a spare that could not be forked (no descriptors, no processes) is tried again after this
-SPARE_RETRY_DELAY = 1.0
-MAX_RESTART_DELAY = 60.0
 
 
 def interpreter_env(env: Mapping[str, str]) -> dict[str, str | None]:
@@ -390,7 +392,7 @@ class _EarlyProcess:
             try:
                 fd = os.pidfd_open(self.pid)
             except OSError:
-                await trio.sleep(0.05)  # no pidfd to spare: look again
+                await trio.sleep(EXIT_POLL)  # no pidfd to spare: look again
                 continue
             try:
                 await trio.lowlevel.wait_readable(fd)
@@ -486,7 +488,7 @@ class ForkServer:
             self._close()
             self.drop_spares()
             if self._proc is not None:
-                with trio.move_on_after(2, shield=True):
+                with trio.move_on_after(EXIT_WAIT, shield=True):
                     await self._proc.wait()
 
     async def _run_once(self) -> bool:
@@ -797,5 +799,5 @@ class ForkServer:
             self._spares_changed = trio.Event()
             # the demand ages out: look again once the oldest start leaves the window
             wait = (self._demand[0] + self.demand_window - now) if self._demand else math.inf
-            with trio.move_on_after(max(wait, 0.01)):
+            with trio.move_on_after(max(wait, MIN_WAKE)):
                 await self._spares_changed.wait()

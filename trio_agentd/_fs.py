@@ -158,13 +158,15 @@ async def locked(path: str | os.PathLike[str], *, poll: float = 0.005) -> AsyncI
     """
     import trio
 
+    from .timing import LOCK_POLL_MAX
+
     delay = poll
     while True:
         fd = try_lock(path)
         if fd is not None:
             break
         await trio.sleep(delay)
-        delay = min(delay * 2, 0.05)
+        delay = min(delay * 2, LOCK_POLL_MAX)
     try:
         yield fd
     finally:

@@ -72,7 +72,7 @@ from ._recovery import (
 )
 from ._session import now_iso
 from ._workerlink import EventSink, WorkerDropped, WorkerLink
-from .timing import Timing
+from .timing import LINK_CLOSE_TIMEOUT, Timing
 
 log = logging.getLogger("trio_agentd.supervisor")
 
@@ -524,7 +524,7 @@ class WorkerHandle:
                         )
             finally:
                 if self.link is not None:
-                    with trio.move_on_after(1, shield=True):
+                    with trio.move_on_after(LINK_CLOSE_TIMEOUT, shield=True):
                         await self.link.aclose()
 
     async def supervise_new(  # noqa: ASYNC114, ASYNC128 - delegates task_status
@@ -782,7 +782,7 @@ class WorkerHandle:
         if self.link is not None:
             if graceful:
                 await self._graceful_stop(self.link, batch)
-            with trio.move_on_after(1):
+            with trio.move_on_after(LINK_CLOSE_TIMEOUT):
                 await self.link.aclose()
             self.link = None
         if self.pid is None or not self.ops.alive(self):

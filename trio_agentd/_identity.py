@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ._defaults import EXIT_POLL
 from ._procstate import GroupIdentity as GroupIdentity
 from ._procstate import Liveness as Liveness
 
@@ -163,6 +164,24 @@ def _dying(tail: list[bytes]) -> bool:
 
 def is_alive(pid: int, start_id: str | None) -> bool:
     return liveness(pid, start_id) is not Liveness.DEAD
+
+
+def wait_gone(pid: int, start_id: str | None, timeout: float, *,
+              poll: float = EXIT_POLL) -> bool:
+    """Block until process ``pid`` (identity-checked by ``start_id``) is gone, ``timeout``
+    seconds at most, looking every ``poll``; True if it is gone.
+
+    For the blocking CLI, which waits on a supervisor that is not its child (no pidfd here:
+    the warm path stays without trio).
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    while is_alive(pid, start_id):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def signal_identity_checked(pid: int, start_id: str | None, sig: int) -> bool:

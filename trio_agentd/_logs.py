@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ._defaults import FOLLOW_RETRY_DELAY, RESEND_DELAY, RESEND_DELAY_MAX
 from ._errors import AgentdError, ErrorCode
 from ._output import read_file
 from ._paths import Layout
@@ -438,7 +439,7 @@ def follow_session(layout: Layout, session: str, follower: Follower,
     from ._syncconn import _await_response, _Liveness, _Lost
     from ._wirerules import REROUTE
 
-    delay = 0.025
+    delay = RESEND_DELAY
     n = 0
     while True:
         n += 1
@@ -466,11 +467,11 @@ def follow_session(layout: Layout, session: str, follower: Follower,
             conn = _attach(route, client.timing)
             conn.send(frame)
             _await_response(conn, rid, follower.on_event, liveness)
-            delay = 0.025  # the worker ended the follow (it should not): again
+            delay = RESEND_DELAY  # the worker ended the follow (it should not): again
         except AgentdError as exc:
             if exc.code == ErrorCode.FOLLOWER_BEHIND:
                 notice(f"{exc.message}; catching up")
-                delay = 0.025
+                delay = RESEND_DELAY
             elif exc.code not in REROUTE and exc.code != ErrorCode.WORKER_UNRESPONSIVE:
                 raise
         except (OSError, _Lost):
@@ -480,7 +481,7 @@ def follow_session(layout: Layout, session: str, follower: Follower,
                 conn.close()
         follower.catch_up()  # whatever was written meanwhile (a worker stopped, a turn)
         sleep(delay)
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 2, RESEND_DELAY_MAX)
 
 
 def _wait_until_running(layout: Layout, session: str, follower: Follower, *, client: Any,
@@ -492,7 +493,7 @@ def _wait_until_running(layout: Layout, session: str, follower: Follower, *, cli
     Raises:
         AgentdError: ``unknown_session`` once the session's data is gone (``rm``).
     """
-    delay = 0.05
+    delay = FOLLOW_RETRY_DELAY
     while True:
         rows = client._request_supervisor("sessions-f", "sessions", {}, None, None)
         row = next((r for r in rows if isinstance(r, dict) and r.get("session") == session),
@@ -503,7 +504,7 @@ def _wait_until_running(layout: Layout, session: str, follower: Follower, *, cli
         if not layout.session_dir(session).is_dir():
             raise AgentdError(ErrorCode.UNKNOWN_SESSION, f"session {session} was removed")
         sleep(delay)
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 2, RESEND_DELAY_MAX)
 
 
 def write_stdout(data: bytes) -> None:

@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import signal
-import socket as _socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,9 +57,11 @@ from ._trust import (
 from ._workerconfig import FAILED_LINE_MAX, WorkerConfig
 from ._workerlink import WorkerLink, link_over_stream
 from .timing import (
+    LINK_CLOSE_TIMEOUT,
     LOG_RATE_INTERVAL,
     MAX_PARALLEL_SPAWNS,
     MAX_SPARE_WORKERS,
+    MIN_WAKE,
     SPARE_DEMAND_WINDOW,
     Timing,
 )
@@ -149,29 +150,28 @@ class ProcessWorkerOps:
         if h.token is None:
             raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "no token for this worker")
         path = self.layout.worker_socket(h.session_id)
-        try:
-            sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        except OSError as exc:
-            raise self._resource_error(h, exc, f"cannot reach worker at {path}") from None
+        stream: trio.SocketStream | None = None
         try:
             # the token goes only to a worker of ours: the dir and the peer are proven first
             prove_socket_dir(os.path.dirname(path))
-            await sock.connect(path)
-            prove_peer(sock, path)
+            stream = await trio.open_unix_socket(path)
+            prove_peer(stream.socket, path)
         except (OSError, AgentdError) as exc:
-            sock.close()
+            if stream is not None:
+                stream.socket.close()
             if isinstance(exc, OSError) and is_exhaustion(exc):
                 raise self._resource_error(h, exc, f"cannot reach worker at {path}") from None
             raise AgentdError(
                 ErrorCode.WORKER_UNAVAILABLE, f"cannot reach worker at {path}: {exc}"
             ) from None
         except BaseException:
-            sock.close()
+            if stream is not None:
+                stream.socket.close()
             raise
         self.exhausted.pop(h.session_id, None)
         own = self.ownership.record
         link = await link_over_stream(
-            trio.SocketStream(sock),
+            stream,
             token=h.token,
             generation=own.generation,
             pid=own.pid,
@@ -322,7 +322,7 @@ class ProcessWorkerOps:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             buf = b""
         finally:
-            with trio.move_on_after(1, shield=True):
+            with trio.move_on_after(LINK_CLOSE_TIMEOUT, shield=True):
                 await stdin.aclose()
                 await stdout.aclose()
         if buf.startswith(b"failed ") and buf.endswith(b"\n"):
@@ -570,7 +570,7 @@ async def _wait_pid_exit(pid: int) -> None:
     """Wait for a process that is not our child to exit: a pidfd where there is one."""
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is None:
-        await trio.sleep(0.01)
+        await trio.sleep(MIN_WAKE)
         return
     try:
         fd = pidfd_open(pid)
@@ -578,7 +578,7 @@ async def _wait_pid_exit(pid: int) -> None:
         return
     except OSError:
         # no descriptor to spare (EMFILE): poll instead; the caller checks liveness again
-        await trio.sleep(0.01)
+        await trio.sleep(MIN_WAKE)
         return
     try:
         await trio.lowlevel.wait_readable(fd)

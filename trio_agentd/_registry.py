@@ -52,7 +52,7 @@ from ._ownership import (
 )
 from ._paths import Layout
 from ._singleflight import SingleFlight
-from .timing import DEFAULT_TIMING, Timing
+from .timing import DEFAULT_TIMING, REGISTRY_RELEASE_TIMEOUT, Timing
 
 log = logging.getLogger("trio_agentd.supervisor")
 
@@ -320,7 +320,7 @@ class Ownership:
     async def release(self) -> None:
         """Give the claim up (clean shutdown): remove the record if it is still ours."""
         self.released = True
-        with trio.move_on_after(2, shield=True):
+        with trio.move_on_after(REGISTRY_RELEASE_TIMEOUT, shield=True):
             async with self.registry.guard(self.timing):
                 on_disk = self.registry.read_owner_bytes(self.generation)
                 if judge(self.record, self._bytes, on_disk, released=False) in (

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
+from ._defaults import SHUTDOWN_EXIT_WAIT
 from ._doctor import survey
 from ._doctor_plan import Status
 from ._doctor_repair import RealHooks, stop_orphan_workers
 from ._errors import AgentdError
-from ._identity import is_alive
+from ._identity import wait_gone
 from ._paths import Layout
 
 
@@ -37,10 +37,7 @@ def shutdown_many(layout: Layout, *, every: bool, force: bool, as_json: bool) ->
                 client.connect()
                 client.request("shutdown", {"stop_workers": True}, retry_for=0)
                 client.close()
-                deadline = time.monotonic() + 20
-                while v.pid and is_alive(v.pid, v.start_id) and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                entry["stopped"] = not (v.pid and is_alive(v.pid, v.start_id))
+                entry["stopped"] = not v.pid or wait_gone(v.pid, v.start_id, SHUTDOWN_EXIT_WAIT)
                 entry["how"] = "shutdown command"
             except AgentdError as exc:
                 entry["how"] = f"shutdown command failed: {exc.message}"

@@ -7,6 +7,7 @@ from typing import Any
 
 import trio
 
+from ._defaults import CLOSE_TIMEOUT
 from ._framing import RECEIVE_SIZE, Framing
 from ._protocol import MAX_FRAME, Message, RequestId, encode, encode_raw_event
 
@@ -68,5 +69,5 @@ class MessageStream(Framing):
         return True
 
     async def aclose(self) -> None:
-        with trio.move_on_after(1, shield=True):
+        with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
             await self.stream.aclose()

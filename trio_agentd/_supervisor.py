@@ -80,11 +80,19 @@ from ._workerlink import WorkerDropped
 from .agents._base import validate_agent_spec
 from .timing import (
     DEFAULT_TIMING,
+    IN_PROCESS_EXIT_MARGIN,
+    LINK_CLOSE_TIMEOUT,
     LOG_RATE_INTERVAL,
     MAX_CLIENT_CONNECTIONS,
     MAX_SESSIONS,
+    MIN_WAKE,
+    OWNERSHIP_RELEASE_TIMEOUT,
     SERVICE_RESTART_DELAY,
     Timing,
+    kill_answer_bound,
+    shutdown_bound,
+    shutdown_shield,
+    workers_stop_bound,
 )
 
 log = logging.getLogger("trio_agentd.supervisor")
@@ -291,15 +299,14 @@ class Supervisor:
                         with trio.move_on_after(self.timing.stop_grace):
                             await self.inflight.wait_value(0)
                         clients.cancel_scope.cancel()
-                    t = self.timing
-                    with trio.move_on_after(t.stop_grace + t.kill_confirm_timeout + 5, shield=True):
+                    with trio.move_on_after(shutdown_shield(self.timing), shield=True):
                         await self._stop(service)
                     service.cancel_scope.cancel()
             finally:
                 self._close_listener(unlink=True)
                 self._release_lease()
         finally:
-            with trio.move_on_after(3, shield=True):
+            with trio.move_on_after(OWNERSHIP_RELEASE_TIMEOUT, shield=True):
                 await self.ownership.release()
             self.stopped.set()
         self.notifier.close()
@@ -328,9 +335,7 @@ class Supervisor:
                 await self.ownership.set_phase(Phase.STOPPING)
         self._close_listener(unlink=True)
         if self.stop_workers:
-            with trio.move_on_after(
-                2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 2
-            ):
+            with trio.move_on_after(workers_stop_bound(self.timing)):
                 # one batch: every intent in one commit, every worker told to stop before
                 # any is waited for, one grace for them all
                 batch = StopBatch(trio.current_time() + self.timing.stop_grace)
@@ -646,7 +651,7 @@ class Supervisor:
                     self.service_nursery.start_soon(self._replace_outdated, h)
                 else:
                     wake = min(wake, t.upgrade_idle - idle)
-            await trio.sleep(max(wake, 0.01))
+            await trio.sleep(max(wake, MIN_WAKE))
 
     async def _replace_outdated(self, h: WorkerHandle) -> None:
         old_pid, old_version = h.pid, h.worker_version
@@ -844,7 +849,7 @@ class Supervisor:
             if self.clients_open > self.config.max_clients:
                 self.rl.error(("clients", "cap"), "refused a client connection: %d are open"
                               " (the most is %d)", self.clients_open - 1, self.config.max_clients)
-                with trio.move_on_after(1):
+                with trio.move_on_after(LINK_CLOSE_TIMEOUT):
                     await ms.send(fail(None, AgentdError(
                         ErrorCode.RESOURCE_EXHAUSTED,
                         f"the supervisor serves at most {self.config.max_clients} client"
@@ -886,7 +891,7 @@ class Supervisor:
             try:
                 line = await ms.receive_line()
             except FrameTooLarge as exc:
-                with trio.move_on_after(1), contextlib.suppress(
+                with trio.move_on_after(LINK_CLOSE_TIMEOUT), contextlib.suppress(
                     trio.BrokenResourceError, trio.ClosedResourceError
                 ):
                     await ms.send(fail(None, exc))
@@ -995,9 +1000,7 @@ class Supervisor:
                 victim.request_stop(graceful=True, reason=StopReason.KILL)
                 if not kill_running:
                     self.service_nursery.start_soon(self._complete_kill, victim)
-                with trio.move_on_after(
-                    2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 1
-                ):
+                with trio.move_on_after(kill_answer_bound(self.timing)):
                     await victim.wait_stop_handled()
                     if victim.mode.value is Mode.STOPPED:
                         await victim.retired.wait()  # forgotten by _complete_kill
@@ -1064,7 +1067,7 @@ class Supervisor:
         """Stop ``h``'s worker for good and forget the session. Without ``force`` the worker
         itself declines while a turn runs or waits (as an eviction: no turn is ever cut)."""
         sid = h.session_id
-        bound = 2 * self.timing.stop_grace + self.timing.kill_confirm_timeout + 1
+        bound = kill_answer_bound(self.timing)
         if not force and h.mode.value not in (Mode.STOPPED, Mode.FAILED):
             h.request_stop(graceful=True, reason=StopReason.EVICT)
             with trio.move_on_after(bound):
@@ -1360,5 +1363,6 @@ async def open_supervisor(config: SupervisorConfig | None = None) -> AsyncIterat
                 yield sup
             finally:
                 sup.request_shutdown(stop_workers=sup.config.stop_workers_on_exit)
-                with trio.move_on_after(15, shield=True):
+                bound = shutdown_bound(sup.timing) + IN_PROCESS_EXIT_MARGIN
+                with trio.move_on_after(bound, shield=True):
                     await sup.stopped.wait()

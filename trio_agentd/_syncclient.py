@@ -12,7 +12,7 @@ import json
 import os
 import time
 
-from ._defaults import CLIENT, ClientTiming
+from ._defaults import CLIENT, GRANT_MARGIN, RESEND_DELAY, RESEND_DELAY_MAX, ClientTiming
 from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import Layout, check_socket_path
 from ._syncconn import _await_response as _await_response
@@ -234,7 +234,7 @@ class SyncClient:
                  "args": args}
         budget = RETRY_FOR if retry_for is None else retry_for
         deadline = time.monotonic() + budget
-        delay = 0.025
+        delay = RESEND_DELAY
         while True:
             try:
                 if self._conn is None:
@@ -270,7 +270,7 @@ class SyncClient:
                     raise
                 self.close()
             time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, RESEND_DELAY_MAX)
             self.resent = True
 
     # the data plane ------------------------------------------------------------------------
@@ -292,7 +292,7 @@ class SyncClient:
             k: args[k] for k in ("agent", "cwd", "cwd_given", "env") if k in args}
         route_args["session"] = session
         deadline = time.monotonic() + RETRY_FOR
-        delay = 0.025
+        delay = RESEND_DELAY
         # a warm prompt goes straight to the worker on the route this session was last
         # granted (see _read_route); any failure falls back to the supervisor, as a stale
         # route always has
@@ -363,7 +363,7 @@ class SyncClient:
             if from_cache and not sent:
                 continue  # the cached route failed before the prompt went out: a first send
             time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, RESEND_DELAY_MAX)
             self.resent = True
 
     def close(self) -> None:
@@ -373,7 +373,7 @@ class SyncClient:
 
 
 ROUTE_CACHE_VERSION = 1
-_ROUTE_MARGIN = 5.0  # seconds: a grant this close to its expiry is not used from the cache
+_ROUTE_MARGIN = GRANT_MARGIN  # seconds: a grant this close to its expiry is not used from the cache
 
 
 def route_cache_path(layout: Layout, session: str) -> str:

@@ -9,10 +9,11 @@ and cheap to import: it imports only the error codes.
 
 from __future__ import annotations
 
+from ._defaults import RETRY_FOR as RETRY_FOR  # seconds a command keeps being resent
 from ._errors import ErrorCode
 
 MAX_FRAME = 1 << 20  # bytes per line, newline excluded
-RETRY_FOR = 60.0  # seconds a command keeps being resent across lost connections
+
 # errors that mean "this supervisor is going away": reconnect and resend
 RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
 # a direct route that fails with these goes back to the supervisor for a new one

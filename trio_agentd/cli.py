@@ -925,7 +925,8 @@ def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
         from ._shutdown import shutdown_many
 
         return shutdown_many(layout, every=args.all, force=args.force, as_json=args.json)
-    from ._identity import is_alive
+    from ._defaults import SHUTDOWN_EXIT_WAIT
+    from ._identity import wait_gone
 
     client = _client_or_none(layout)
     if client is None:
@@ -938,12 +939,7 @@ def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
     result = client.request("shutdown", {"stop_workers": True}, retry_for=0)
     client.close()
     pid, start_id = int(hello["pid"]), hello.get("start_id")
-    import time
-
-    deadline = time.monotonic() + 20
-    while is_alive(pid, start_id) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    stopped = not is_alive(pid, start_id)
+    stopped = wait_gone(pid, start_id, SHUTDOWN_EXIT_WAIT)
     entry = {"socket": layout.socket, "pid": pid, "generation": result.get("generation"),
              "stopped": stopped}
     if args.json:
@@ -951,7 +947,8 @@ def _cmd_shutdown(layout: Layout, args: argparse.Namespace) -> int:
     elif stopped:
         print(f"stopped supervisor pid {pid} on {layout.socket} and its workers")
     else:
-        _error(f"supervisor pid {pid} did not exit within 20s — try `trio-agentd doctor --fix`")
+        _error(f"supervisor pid {pid} did not exit within {SHUTDOWN_EXIT_WAIT:g}s — try"
+               " `trio-agentd doctor --fix`")
     return EXIT_OK if stopped else EXIT_FAIL
 
 
@@ -959,7 +956,7 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
     import time
 
     from ._autostart import is_ours
-    from ._defaults import CLIENT
+    from ._defaults import CLIENT, RESTART_WAIT
     from ._paths import check_socket_path
     from ._syncclient import SyncClient, probe
 
@@ -980,7 +977,7 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
         return EXIT_FAIL
     old = client.request("restart", {}, retry_for=0)
     client.close()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + RESTART_WAIT
     hello: dict[str, Any] | None = None
     while time.monotonic() < deadline:
         got = probe(layout)
@@ -989,10 +986,10 @@ def _cmd_restart(layout: Layout, args: argparse.Namespace) -> int:
             if got[1].get("generation") != old["generation"]:
                 hello = got[1]
                 break
-        time.sleep(0.025)
+        time.sleep(CLIENT.probe_interval)
     if hello is None:
-        _error(f"the new supervisor did not answer on {layout.socket} within 30s — see"
-               f" {layout.log_path}")
+        _error(f"the new supervisor did not answer on {layout.socket} within"
+               f" {RESTART_WAIT:g}s — see {layout.log_path}")
         return EXIT_FAIL
     fresh = SyncClient(layout, autostart=False)
     fresh.connect()

@@ -1,7 +1,10 @@
 """Every timing constant, in one frozen dataclass that tests replace.
 
 Code never reads a bare number for a timeout or a period: it takes a :class:`Timing` (usually
-:data:`DEFAULT_TIMING`) so a MockClock test can assert the exact virtual time of every step.
+:data:`DEFAULT_TIMING`) so a MockClock test can assert the exact virtual time of every step, or
+a fixed constant named below (the clients' defaults are in ``_defaults``). Bounds that contain
+other bounds are computed from them (``shutdown_shield`` and the rest), so they nest whatever
+the overrides; ``tests/unit/test_timing_bounds.py`` checks both.
 """
 
 from __future__ import annotations
@@ -201,6 +204,64 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+# --- bounds computed from a Timing (they nest: see tests/unit/test_timing_bounds.py) --------
+
+def worker_stop_bound(t: Timing) -> float:
+    """The longest one worker's stop takes (``SessionHandle._stop``): ``stop_grace`` for the
+    ``stop`` command, closing its link, TERM then ``stop_grace``, KILL then
+    ``kill_confirm_timeout``."""
+    return 2 * t.stop_grace + LINK_CLOSE_TIMEOUT + t.kill_confirm_timeout
+
+
+def kill_answer_bound(t: Timing) -> float:
+    """How long ``kill`` waits for the victim's stop before it answers anyway: the stop's own
+    bound and ``STOP_MARGIN`` (the forgetting after it)."""
+    return worker_stop_bound(t) + STOP_MARGIN
+
+
+def workers_stop_bound(t: Timing) -> float:
+    """How long a supervisor's shutdown waits for all its workers to stop: they stop as one
+    batch (one grace for them all), so one worker's bound and ``STOP_MARGIN``."""
+    return worker_stop_bound(t) + STOP_MARGIN
+
+
+def shutdown_shield(t: Timing) -> float:
+    """The shielded bound of a supervisor's stop: the workers' stop, then the descriptors made
+    durable and the phase written, in ``SHUTDOWN_MARGIN``."""
+    return workers_stop_bound(t) + SHUTDOWN_MARGIN
+
+
+def shutdown_bound(t: Timing) -> float:
+    """The longest a supervisor takes from a ``shutdown`` to its exit: commands in flight drain
+    for ``stop_grace``, then its shielded stop, then its ownership record is released."""
+    return t.stop_grace + shutdown_shield(t) + OWNERSHIP_RELEASE_TIMEOUT
+
+
+# --- fixed bounds of the daemon's own steps (not part of ``Timing``) --------------------------
+
+# closing a stream or link (a worker's, a client's, a subprocess's pipes) in a shielded scope,
+# and sending the one line that refuses a connection (cap reached, frame too large): a peer that
+# does not read is given up on after this long
+LINK_CLOSE_TIMEOUT = _defaults.CLOSE_TIMEOUT
+# beyond a worker's own stop bound: ``kill`` forgetting its victim, a shutdown's batch of stops
+STOP_MARGIN = 1.0
+# beyond the workers' stop inside a supervisor's shielded shutdown: descriptors made durable,
+# the generation's directory removed
+SHUTDOWN_MARGIN = 2.0
+# a clean shutdown's removal of its ownership record (under the registry lock)
+OWNERSHIP_RELEASE_TIMEOUT = 3.0
+# the registry guard is held this long at most while a supervisor gives its claim up
+REGISTRY_RELEASE_TIMEOUT = 2.0
+# a supervisor run in-process (``open_supervisor``) is waited for this long at exit beyond
+# its own shutdown bound
+IN_PROCESS_EXIT_MARGIN = 1.0
+# the least a loop that wakes at a computed time sleeps (never spins on a time in the past),
+# and the poll of a process's exit where there is no pidfd to wait on
+MIN_WAKE = 0.01
+# a lock held by another process is polled from ``lock_poll``, doubling to this at most
+LOCK_POLL_MAX = 0.05
+
+
 # --- resource exhaustion and caps ------------------------------------------------------------
 # Not part of ``Timing`` (no TRIO_AGENTD_TIMING override): fixed, documented defaults.
 
@@ -227,6 +288,18 @@ MAX_PARALLEL_SPAWNS = 16
 # seconds otherwise; a respawn or a new session's first start then takes one (no fork)
 MAX_SPARE_WORKERS = 4
 SPARE_DEMAND_WINDOW = 10.0
+# a spare that could not be forked (no descriptors, no processes) is tried again after this
+SPARE_RETRY_DELAY = 1.0
+# the fork template may take this long to start (a Python start and the imports), and this
+# long to answer a request (silent longer: wedged, killed); its restart delay doubles to
+# FORK_TEMPLATE_MAX_RESTART_DELAY while it keeps dying before it is ready
+FORK_TEMPLATE_READY_TIMEOUT = 30.0
+FORK_TEMPLATE_REQUEST_TIMEOUT = 5.0
+FORK_TEMPLATE_MAX_RESTART_DELAY = 60.0
+# the template's exit is waited for this long when its supervisor is done with it; with no
+# pidfd to spare (EMFILE) its exit is polled this often
+FORK_TEMPLATE_EXIT_WAIT = 2.0
+FORK_TEMPLATE_EXIT_POLL = 0.05
 
 # --- the real-daemon test fixture (``trio_agentd.testing.DaemonEnv``) --------------------------
 # Not part of ``Timing``: limits of a test's own waits on real processes, never the daemon's.

@@ -41,6 +41,7 @@ from typing import TypeVar
 
 import trio
 
+from .._defaults import CLOSE_TIMEOUT
 from .._errors import AgentdError, ErrorCode
 from .._identity import (
     GroupIdentity,
@@ -358,7 +359,7 @@ class _GroupRun:
         finally:
             trio.lowlevel.notify_closing(self.pidfd)
             os.close(self.pidfd)
-            with trio.move_on_after(1, shield=True):
+            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                 for pipe in self.pipes.values():
                     await pipe.aclose()
                 self.pipes.clear()
