@@ -57,7 +57,7 @@ class Conn:
                 if tokens < 1:
                     # notices that come meanwhile replace this one (nothing wakes this task
                     # for them): the latest goes when the hold ends
-                    await trio.sleep((1 - tokens) * self.notice_interval)
+                    await trio.sleep(self.notice_interval - tokens * self.notice_interval)
                     tokens, last = 1.0, trio.current_time()
             else:
                 tokens = float(_NOTICE_BURST)

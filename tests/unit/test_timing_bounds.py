@@ -89,8 +89,6 @@ def test_the_test_fixtures_outwait_the_commands_they_run() -> None:
 _WAITS = frozenset({"sleep", "sleep_until", "fail_after", "move_on_after", "fail_at",
                     "move_on_at", "wait_gone"})
 _CLOCKS = frozenset({"monotonic", "current_time", "time"})
-# modules whose numbers are being named separately (their code is moving into new modules)
-_PENDING = frozenset({"_worker.py", "_doctor.py"})
 
 
 def _name(func: ast.expr) -> str:
@@ -135,7 +133,7 @@ def _bare_numbers(path: Path) -> list[str]:
 
 def test_no_code_waits_on_a_bare_number() -> None:
     package = Path(trio_agentd.__file__).parent
-    hits = [hit for path in sorted(package.rglob("*.py")) if path.name not in _PENDING
+    hits = [hit for path in sorted(package.rglob("*.py"))
             for hit in _bare_numbers(path)]
     assert hits == [], "name these durations in timing.py or _defaults.py: " + "; ".join(hits)
 
