@@ -859,12 +859,15 @@ class Supervisor:
                 return
             await ms.send(self.hello())
             inflight = AsyncValue(0)
-            async with trio.open_nursery() as requests:
-                await self._read_requests(ms, requests, inflight)
-                # the client half-closed or broke: let its requests finish, bounded
-                with trio.move_on_after(self.timing.stop_grace):
-                    await inflight.wait_value(0)
-                requests.cancel_scope.cancel()
+            # one error from the nursery comes out bare: a broken client is no error, and
+            # EMFILE is the rate-limited line below, never a traceback per connection
+            with single_errors():
+                async with trio.open_nursery() as requests:
+                    await self._read_requests(ms, requests, inflight)
+                    # the client half-closed or broke: let its requests finish, bounded
+                    with trio.move_on_after(self.timing.stop_grace):
+                        await inflight.wait_value(0)
+                    requests.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception as exc:
@@ -924,7 +927,8 @@ class Supervisor:
                 if self.shutdown_requested.is_set():
                     raise AgentdError(ErrorCode.SHUTTING_DOWN, "the supervisor is shutting down")
                 await self.ownership.ensure_current()
-            result = await self._run_op(ms, req)
+            with single_errors():  # an op's nursery: its one error is classified as itself
+                result = await self._run_op(ms, req)
             response = ok(req.id, result)
         except AgentdError as exc:
             response = fail(req.id, exc)
