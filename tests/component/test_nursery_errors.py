@@ -14,7 +14,7 @@ import trio.testing
 
 from trio_agentd._errors import ErrorCode
 from trio_agentd._forkserver import ForkServer
-from trio_agentd._protocol import Request
+from trio_agentd._protocol import ErrorBody, Request
 from trio_agentd._supervisor import Supervisor
 
 from .conftest import supervisor_world
@@ -66,7 +66,7 @@ async def test_an_op_failing_inside_its_nursery_is_answered_as_its_error(
         c = await world.client()
         response = await c.request("sessions")
         await c.aclose()
-    assert response.error is not None
+    assert isinstance(response.error, ErrorBody)
     # EMFILE is the capacity the operator can raise; ENOSPC is an OSError of the op: either
     # way its own error, never "several errors" or the group's repr
     expected = ErrorCode.RESOURCE_EXHAUSTED if code == errno.EMFILE else ErrorCode.INTERNAL
