@@ -1167,9 +1167,14 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
         notifier = Notifier(None)
     else:
         notifier = Notifier.from_environ(os.environ)
+    from ._errors import single_errors
+
     try:
         inherited = take_listener(os.environ, layout.socket)
-        trio.run(Supervisor(config, inherited=inherited, notifier=notifier).serve)
+        # an error from inside the supervisor's nurseries comes out bare: its one line here,
+        # or the top level's, never a group's traceback
+        with single_errors():
+            trio.run(Supervisor(config, inherited=inherited, notifier=notifier).serve)
     except AgentdError as exc:
         if exc.code == ErrorCode.ALREADY_RUNNING and args.autostarted:
             log.info("autostart lost the race: %s", exc.message)
