@@ -539,7 +539,7 @@ class WorkerHandle:
             may_run = self.ops.alive(self)
             return replace(
                 state, mode=Mode.FAILED, unconfirmed=may_run, stop_wanted=False,
-                failure=f"internal error: {exc} — see supervisor.log; `trio-agentd retry"
+                failure=f"internal error: {exc} — see daemon.log; `trio-agentd retry"
                         f" {self.session_id}` starts it again",
             ), Fail()
 

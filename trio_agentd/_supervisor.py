@@ -771,12 +771,14 @@ class Supervisor:
             if cwd_given and cwd is not None and isinstance(known_cwd, str):
                 _check_cwd(session_id, known_cwd, cwd)
             validate_agent_spec(use_agent)
+            # every session kept counts, stopped ones too: a stopped session keeps its
+            # handle, supervise task and files, and any prompt starts it again unchecked
             if len(self.sessions) >= self.config.max_sessions:
                 raise AgentdError(
                     ErrorCode.RESOURCE_EXHAUSTED,
-                    f"this supervisor already runs the most sessions it may"
-                    f" ({self.config.max_sessions}) — `trio-agentd kill` sessions you no"
-                    " longer need",
+                    f"this supervisor already keeps the most sessions it may"
+                    f" ({self.config.max_sessions}, stopped ones included) — `trio-agentd"
+                    " kill` sessions you no longer need",
                     {"limit": "max_sessions", "value": self.config.max_sessions},
                 )
             self._claim_session(session_id, meta)
@@ -1013,10 +1015,11 @@ class Supervisor:
                                                   force=args.get("force") is True)
             case "retry_session":
                 again = self._known(_str_arg(args, "session"))
+                failed = bool(again.cause)  # failed, or its last turn could not start its agent
                 again.retry()
                 with trio.move_on_after(self.timing.worker_connect_timeout):
                     await again.wait_retried()
-                return again.summary()
+                return {**again.summary(), "retried": failed}
             case "shutdown":
                 return {"generation": self.generation, "pid": os.getpid(),
                         "stop_workers": bool(args.get("stop_workers", True))}

@@ -570,8 +570,12 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
                 print(f"removed session {args.session}")
                 return EXIT_OK
             case "retry":
-                _client(layout).request("retry_session", {"session": args.session})
-                print(f"re-armed session {args.session}")
+                done = _client(layout).request("retry_session", {"session": args.session})
+                if isinstance(done, dict) and done.get("retried") is False:
+                    print(f"session {args.session} is {done.get('state')}: nothing to retry"
+                          " (it has not failed)")
+                else:
+                    print(f"re-armed session {args.session}")
                 return EXIT_OK
             case "shutdown":
                 return _cmd_shutdown(layout, args)
