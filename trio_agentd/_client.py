@@ -661,7 +661,7 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
             if waited >= timing.patience or _lease_holder(layout) is None:
                 raise AgentdError(
                     ErrorCode.DAEMON_UNAVAILABLE,
-                    f"the supervisor on {layout.socket} sent no hello within {waited:g}s"
+                    f"the supervisor on {layout.socket} sent no hello within {round(waited, 1):g}s"
                     ' — run "trio-agentd doctor --fix"',
                     {"wedged": True},
                 )

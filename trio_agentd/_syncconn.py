@@ -177,14 +177,14 @@ def probe(
                 if waited >= patience or holder is None:
                     raise
                 if progress is not None:
-                    progress(f"supervisor pid {holder} not answering for {waited:g} s…")
+                    progress(f"supervisor pid {holder} not answering for {round(waited, 1):g} s…")
                 wait = min(timing.patience_tick, patience - waited)
     except TimeoutError:
         conn.close()
         raise AgentdError(
             ErrorCode.DAEMON_UNAVAILABLE,
             f"the supervisor on {layout.socket} accepted but sent no hello within"
-            f' {waited:g}s — run "trio-agentd doctor --fix"',
+            f' {round(waited, 1):g}s — run "trio-agentd doctor --fix"',
             {"wedged": True},
         ) from None
     except (OSError, _Malformed):
