@@ -106,8 +106,25 @@ class MessageStream(Framing):
 
 
 async def connect_unix(path: str) -> anyio.abc.SocketStream:
-    """A connected Unix-socket stream (raises ``OSError`` as ``connect(2)`` does)."""
-    return await anyio.connect_unix(path)
+    """A connected Unix-socket stream (raises ``OSError`` as ``connect(2)`` does).
+
+    A listener whose backlog is full makes a non-blocking unix connect fail with EAGAIN,
+    which the event loop takes for "in progress" and then for success: the stream it returns
+    is connected to nobody (its peer's credentials read as uid -1). That is raised here as the
+    ``BlockingIOError`` ``connect(2)`` gave.
+    """
+    import errno
+    import os
+
+    stream = await anyio.connect_unix(path)
+    try:
+        raw_socket(stream).getpeername()
+    except OSError as exc:
+        await stream.aclose()
+        if exc.errno != errno.ENOTCONN:
+            raise
+        raise BlockingIOError(errno.EAGAIN, f"{os.strerror(errno.EAGAIN)}: {path}") from None
+    return stream
 
 
 def raw_socket(stream: anyio.abc.SocketStream) -> Any:

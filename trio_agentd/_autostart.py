@@ -66,11 +66,12 @@ def spawn_daemon(
             f" {layout.home_origin()}; --home and TRIO_AGENTD_HOME choose another)", exc.details,
         ) from None
     log_fd = open_trusted(layout.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    offset = os.fstat(log_fd).st_size  # what this start writes comes after: its own lines
     # the daemon's own variables name this layout; nothing internal is left for its agents
     env = {k: v for k, v in os.environ.items() if k not in _INTERNAL_ENV}
     env.update(extra_env or {})
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [*isolated_python("trio_agentd"), "--socket", layout.socket,
              "--home", str(layout.home), "--registry", str(layout.registry),
              "daemon", "--autostarted"],
@@ -82,6 +83,8 @@ def spawn_daemon(
             cwd="/",  # the daemon never holds the client's cwd (or its mount) busy
             env=env,
         )
+        _log_offsets[proc.pid] = offset
+        return proc
     finally:
         os.close(log_fd)
 
@@ -95,13 +98,46 @@ def log_tail(path: Path, lines: int = 8) -> str:
     return "\n".join(text) or "(empty daemon log)"
 
 
-def startup_failed(layout: Layout, code: int) -> AgentdError:
+# where each supervisor this process spawned began writing in the daemon log (by pid)
+_log_offsets: dict[int, int] = {}
+_ERROR_PREFIX = "trio-agentd: error: "  # the daemon's one line for a cause it names
+
+
+def startup_failed(layout: Layout, code: int, pid: int | None = None) -> AgentdError:
+    """The supervisor ``pid`` (spawned here) exited during startup: the cause it named in its
+    own lines of the daemon log, first and alone; else its last lines (never older ones)."""
+    since = _log_offsets.pop(pid, None) if pid is not None else None
+    if since is not None:
+        own = _own_lines(layout.log_path, since)
+        causes = [line[len(_ERROR_PREFIX):] for line in own if line.startswith(_ERROR_PREFIX)]
+        if causes:
+            return AgentdError(
+                ErrorCode.DAEMON_UNAVAILABLE,
+                f"{causes[-1]} (the supervisor exited during startup with code {code}; its"
+                f" log: {layout.log_path})",
+                {"exit_code": code},
+            )
+        tail = "\n".join(own[-8:]) or "(it wrote nothing)"
+    else:
+        tail = log_tail(layout.log_path)
     return AgentdError(
         ErrorCode.DAEMON_UNAVAILABLE,
         f"the supervisor exited during startup with code {code}; last lines of"
-        f" {layout.log_path}:\n{log_tail(layout.log_path)}",
+        f" {layout.log_path}:\n{tail}",
         {"exit_code": code},
     )
+
+
+def _own_lines(path: Path, since: int) -> list[str]:
+    """The lines written to ``path`` from byte ``since`` on (at most the last 8 KiB)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(since, size - 8192))
+            data = f.read(8192)
+    except OSError:
+        return []
+    return data.decode(errors="replace").strip().splitlines()
 
 
 def startup_timeout(layout: Layout, seconds: float) -> AgentdError:
@@ -166,7 +202,7 @@ def autostart_and_wait(
                         trace(f"autostart: spawned supervisor pid {proc.pid}; waiting for"
                               " its hello")
             elif (rc := proc.poll()) is not None and rc != 0:
-                raise startup_failed(layout, rc)
+                raise startup_failed(layout, rc, proc.pid)
             time.sleep(timing.probe_interval)
         raise startup_timeout(layout, timing.startup_timeout)
     finally:
@@ -292,7 +328,7 @@ def hand_over(
                 if proc is None:
                     proc = spawn_daemon(layout)
                 elif (rc := proc.poll()) is not None and rc != 0:
-                    raise startup_failed(layout, rc)
+                    raise startup_failed(layout, rc, proc.pid)
                 time.sleep(timing.probe_interval)
                 continue
             conn, hello = got

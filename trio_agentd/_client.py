@@ -45,6 +45,7 @@ from ._protocol import (
     error_of,
 )
 from ._syncclient import CREATING_OPS, Output, _lease_holder, creator_args, version_mismatch
+from ._syncconn import CONNECT_RETRY_PAUSE
 from ._trust import isolated_python, prove_peer, prove_socket_dir
 from ._wirerules import REROUTE as _REROUTE
 from ._wirerules import RETRY_FOR as RETRY_FOR
@@ -625,20 +626,30 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
         if exc.code == ErrorCode.DAEMON_UNAVAILABLE:
             return None  # no socket dir: nobody listens
         raise
-    try:
-        with anyio.fail_after(timing.connect_timeout):
-            stream = await connect_unix(layout.socket)
-    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-        return None
-    except TimeoutError:
-        raise AgentdError(
-            ErrorCode.DAEMON_UNAVAILABLE,
-            f'the supervisor on {layout.socket} does not accept connections — run "trio-agentd'
-            ' doctor --fix"',
-            {"wedged": True},
-        ) from None
+    start = time.monotonic()
+    while True:
+        try:
+            with anyio.fail_after(timing.connect_timeout):
+                stream = await connect_unix(layout.socket)
+            break
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+            return None
+        except (TimeoutError, BlockingIOError):
+            # its backlog is full (EAGAIN at once, on a unix socket): a live supervisor that
+            # is only busy gets patience, as for its hello; advice to repair only past
+            # patience, or at once when nothing holds its lease
+            waited = time.monotonic() - start
+            if waited >= timing.patience or _lease_holder(layout) is None:
+                raise AgentdError(
+                    ErrorCode.DAEMON_UNAVAILABLE,
+                    f"the supervisor on {layout.socket} does not accept connections (waited"
+                    f' {waited:.1f}s) — run "trio-agentd doctor --fix"',
+                    {"wedged": True},
+                ) from None
+        await anyio.sleep(min(CONNECT_RETRY_PAUSE, timing.patience - waited))
+    waited = time.monotonic() - start
     ms = MessageStream(stream)
-    waited, wait = 0.0, timing.hello_timeout
+    wait = timing.hello_timeout  # (patience is one budget: connecting, then the hello)
     try:
         prove_peer(raw_socket(stream), layout.socket)
         while True:
@@ -651,7 +662,7 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
             if waited >= timing.patience or _lease_holder(layout) is None:
                 raise AgentdError(
                     ErrorCode.DAEMON_UNAVAILABLE,
-                    f"the supervisor on {layout.socket} sent no hello within {waited:g}s"
+                    f"the supervisor on {layout.socket} sent no hello within {round(waited, 1):g}s"
                     ' — run "trio-agentd doctor --fix"',
                     {"wedged": True},
                 )

@@ -405,6 +405,9 @@ def read_file(path: str) -> dict[str, object] | None:
         # regular file is read, and at most MAX_FILE_BYTES of it
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
+        if os.path.islink(path):  # a symlink to nothing: a mistake, never "no file"
+            raise ConfigError(f"{path}: a symlink to {os.readlink(path)!r}, which does not"
+                              " exist — point it at the config file, or remove it") from None
         return None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}"

@@ -472,11 +472,13 @@ class ForkServer:
         delay = self.restart_delay
         try:
             while True:
+                ok = False
                 try:
                     ok = await self._run_once()
-                except (OSError, ValueError) as exc:
-                    log.error("the worker fork template failed: %s", exc)
-                    ok = False
+                except* (OSError, ValueError) as group:
+                    # (also from inside _run_once's nursery: its reader and spare tasks)
+                    log.error("the worker fork template failed: %s",
+                              "; ".join(str(e) for e in group.exceptions))
                 finally:
                     self.settled.set()
                 status = self._proc.returncode if self._proc is not None else None

@@ -50,6 +50,7 @@ from ._recovery import (
     Demand,
     Fail,
     Idle,
+    IllegalObservation,
     LinkLost,
     Mode,
     Observation,
@@ -497,11 +498,10 @@ class WorkerHandle:
         if self.loaded_stop_reason is not StopReason.NONE and self._stop_done is None:
             self._stop_done = trio.Event()  # finishing a predecessor's stop
         with self.cancel_scope:
-            state, action = decide(
+            state, action = self._decide(
                 self.state,
                 Start(alive=alive, wanted=wanted, failed=failed,
                       stop_reason=self.loaded_stop_reason),
-                trio.current_time(), self.timing, admission_held=self.ops.admission_held(),
             )
             task_status.started()
             try:
@@ -518,14 +518,30 @@ class WorkerHandle:
                                       else req.reason)
                             state = replace(state, stop_wanted=True, graceful=req.graceful,
                                             stop_reason=reason)
-                        state, action = decide(
-                            state, obs, trio.current_time(), self.timing,
-                            admission_held=self.ops.admission_held(),
-                        )
+                        state, action = self._decide(state, obs)
             finally:
                 if self.link is not None:
                     with trio.move_on_after(LINK_CLOSE_TIMEOUT, shield=True):
                         await self.link.aclose()
+
+    def _decide(self, state: RecoveryState, obs: Observation) -> tuple[RecoveryState, Action]:
+        """The planner's next state and action; a pair the table has no cell for (a bug of
+        this shell) fails this session alone: logged once with its traceback, the session
+        ``failed`` with an internal-error cause that ``retry`` clears, the daemon serving on.
+        A worker that may still run is marked unconfirmed: a retry or stop kills it first, so
+        a retry never runs two workers for one session."""
+        try:
+            return decide(state, obs, trio.current_time(), self.timing,
+                          admission_held=self.ops.admission_held())
+        except IllegalObservation as exc:
+            log.error("session %s: internal error: %s (a bug; the session is marked failed,"
+                      " everything else is served)", self.session_id, exc, exc_info=True)
+            may_run = self.ops.alive(self)
+            return replace(
+                state, mode=Mode.FAILED, unconfirmed=may_run, stop_wanted=False,
+                failure=f"internal error: {exc} — see daemon.log; `trio-agentd retry"
+                        f" {self.session_id}` starts it again",
+            ), Fail()
 
     async def supervise_new(  # noqa: ASYNC114, ASYNC128 - delegates task_status
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

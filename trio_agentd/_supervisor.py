@@ -776,12 +776,14 @@ class Supervisor:
             if cwd_given and cwd is not None and isinstance(known_cwd, str):
                 _check_cwd(session_id, known_cwd, cwd)
             validate_agent_spec(use_agent)
+            # every session kept counts, stopped ones too: a stopped session keeps its
+            # handle, supervise task and files, and any prompt starts it again unchecked
             if len(self.sessions) >= self.config.max_sessions:
                 raise AgentdError(
                     ErrorCode.RESOURCE_EXHAUSTED,
-                    f"this supervisor already runs the most sessions it may"
-                    f" ({self.config.max_sessions}) — `trio-agentd kill` sessions you no"
-                    " longer need",
+                    f"this supervisor already keeps the most sessions it may"
+                    f" ({self.config.max_sessions}, stopped ones included) — `trio-agentd"
+                    " kill` sessions you no longer need",
                     {"limit": "max_sessions", "value": self.config.max_sessions},
                 )
             self._claim_session(session_id, meta)
@@ -864,12 +866,15 @@ class Supervisor:
                 return
             await ms.send(self.hello())
             inflight = AsyncValue(0)
-            async with trio.open_nursery() as requests:
-                await self._read_requests(ms, requests, inflight)
-                # the client half-closed or broke: let its requests finish, bounded
-                with trio.move_on_after(self.timing.stop_grace):
-                    await inflight.wait_value(0)
-                requests.cancel_scope.cancel()
+            # one error from the nursery comes out bare: a broken client is no error, and
+            # EMFILE is the rate-limited line below, never a traceback per connection
+            with single_errors():
+                async with trio.open_nursery() as requests:
+                    await self._read_requests(ms, requests, inflight)
+                    # the client half-closed or broke: let its requests finish, bounded
+                    with trio.move_on_after(self.timing.stop_grace):
+                        await inflight.wait_value(0)
+                    requests.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception as exc:
@@ -929,7 +934,8 @@ class Supervisor:
                 if self.shutdown_requested.is_set():
                     raise AgentdError(ErrorCode.SHUTTING_DOWN, "the supervisor is shutting down")
                 await self.ownership.ensure_current()
-            result = await self._run_op(ms, req)
+            with single_errors():  # an op's nursery: its one error is classified as itself
+                result = await self._run_op(ms, req)
             response = ok(req.id, result)
         except AgentdError as exc:
             response = fail(req.id, exc)
@@ -1012,10 +1018,11 @@ class Supervisor:
                                                   force=args.get("force") is True)
             case "retry_session":
                 again = self._known(_str_arg(args, "session"))
+                failed = bool(again.cause)  # failed, or its last turn could not start its agent
                 again.retry()
                 with trio.move_on_after(self.timing.worker_connect_timeout):
                     await again.wait_retried()
-                return again.summary()
+                return {**again.summary(), "retried": failed}
             case "shutdown":
                 return {"generation": self.generation, "pid": os.getpid(),
                         "stop_workers": bool(args.get("stop_workers", True))}

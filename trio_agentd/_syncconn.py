@@ -42,6 +42,9 @@ def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+# between connects to a supervisor whose listen backlog is full (a unix socket cannot be
+# waited on for room in it)
+CONNECT_RETRY_PAUSE = 0.02
 _RECV_SIZE = 1 << 18  # a whole chunk event (256 KiB of output, base64) in a few reads
 
 
@@ -148,26 +151,9 @@ def probe(
     if trace is not None:
         trace(f"socket dir {layout.socket_dir}: proven ours (owner uid {os.getuid()},"
               " mode 0700, not a symlink)")
-    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    s.settimeout(timing.connect_timeout)
-    try:
-        s.connect(layout.socket)
-    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
-        s.close()
-        if trace is not None:
-            trace(f"nobody listens on {layout.socket} ({exc.strerror})")
+    s, waited = _connect_patiently(layout, timing, patience, progress, trace)
+    if s is None:
         return None
-    except TimeoutError:
-        s.close()
-        raise AgentdError(
-            ErrorCode.DAEMON_UNAVAILABLE,
-            f"the supervisor on {layout.socket} does not accept connections"
-            ' — run "trio-agentd doctor --fix"',
-            {"wedged": True},
-        ) from None
-    except OSError:
-        s.close()
-        raise
     try:
         prove_peer(s, layout.socket)
     except BaseException:
@@ -177,7 +163,7 @@ def probe(
         trace(f"connected to {layout.socket}; its peer proven ours (SO_PEERCRED uid"
               f" {os.getuid()})")
     conn = _Conn(s)
-    waited, wait = 0.0, timing.hello_timeout
+    wait = timing.hello_timeout  # (patience is one budget: connecting, then the hello)
     try:
         while True:
             try:
@@ -191,14 +177,14 @@ def probe(
                 if waited >= patience or holder is None:
                     raise
                 if progress is not None:
-                    progress(f"supervisor pid {holder} not answering for {waited:g} s…")
+                    progress(f"supervisor pid {holder} not answering for {round(waited, 1):g} s…")
                 wait = min(timing.patience_tick, patience - waited)
     except TimeoutError:
         conn.close()
         raise AgentdError(
             ErrorCode.DAEMON_UNAVAILABLE,
             f"the supervisor on {layout.socket} accepted but sent no hello within"
-            f' {waited:g}s — run "trio-agentd doctor --fix"',
+            f' {round(waited, 1):g}s — run "trio-agentd doctor --fix"',
             {"wedged": True},
         ) from None
     except (OSError, _Malformed):
@@ -217,6 +203,59 @@ def probe(
         trace(f"hello: supervisor pid {hello.get('pid')}, trio-agentd"
               f" {hello.get('app_version')} (protocol {hello.get('protocol')})")
     return conn, hello
+
+
+def _connect_patiently(
+    layout: Layout,
+    timing: Timing | ClientTiming,
+    patience: float,
+    progress: Callable[[str], object] | None,
+    trace: Callable[[str], object] | None,
+) -> tuple[_socket.socket | None, float]:
+    """A connected socket (``None``: nobody listens) and the seconds spent connecting.
+
+    A full listen backlog (the connect times out, or fails at once with EAGAIN as a unix
+    socket's does) is a live supervisor that is only busy — many clients at once on a loaded
+    machine — while its lease holder lives: it gets ``patience``, as for its hello, with a
+    progress line every ``patience_tick``; advice to repair comes only past patience, or at
+    once when nothing holds the lease.
+
+    Raises:
+        AgentdError: ``daemon_unavailable`` (``wedged``) past patience, or nobody's lease.
+    """
+    import time
+
+    start = time.monotonic()
+    next_line = 0.0  # when the next progress line is due (seconds since start)
+    while True:
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        s.settimeout(timing.connect_timeout)
+        try:
+            s.connect(layout.socket)
+            return s, time.monotonic() - start
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
+            s.close()
+            if trace is not None:
+                trace(f"nobody listens on {layout.socket} ({exc.strerror})")
+            return None, 0.0
+        except (TimeoutError, BlockingIOError):
+            s.close()
+        except OSError:
+            s.close()
+            raise
+        waited = time.monotonic() - start
+        holder = _lease_holder(layout)
+        if waited >= patience or holder is None:
+            raise AgentdError(
+                ErrorCode.DAEMON_UNAVAILABLE,
+                f"the supervisor on {layout.socket} does not accept connections (waited"
+                f' {waited:.1f}s) — run "trio-agentd doctor --fix"',
+                {"wedged": True},
+            ) from None
+        if progress is not None and waited >= next_line:
+            next_line = waited + timing.patience_tick
+            progress(f"supervisor pid {holder} not accepting connections for {waited:.1f} s…")
+        time.sleep(min(CONNECT_RETRY_PAUSE, patience - waited))
 
 
 class _Liveness:

@@ -570,8 +570,12 @@ def _dispatch(args: Any, prompt: PromptArgs | None) -> int:
                 print(f"removed session {args.session}")
                 return EXIT_OK
             case "retry":
-                _client(layout).request("retry_session", {"session": args.session})
-                print(f"re-armed session {args.session}")
+                done = _client(layout).request("retry_session", {"session": args.session})
+                if isinstance(done, dict) and done.get("retried") is False:
+                    print(f"session {args.session} is {done.get('state')}: nothing to retry"
+                          " (it has not failed)")
+                else:
+                    print(f"re-armed session {args.session}")
                 return EXIT_OK
             case "shutdown":
                 return _cmd_shutdown(layout, args)
@@ -1164,9 +1168,14 @@ def _cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
         notifier = Notifier(None)
     else:
         notifier = Notifier.from_environ(os.environ)
+    from ._errors import single_errors
+
     try:
         inherited = take_listener(os.environ, layout.socket)
-        trio.run(Supervisor(config, inherited=inherited, notifier=notifier).serve)
+        # an error from inside the supervisor's nurseries comes out bare: its one line here,
+        # or the top level's, never a group's traceback
+        with single_errors():
+            trio.run(Supervisor(config, inherited=inherited, notifier=notifier).serve)
     except AgentdError as exc:
         if exc.code == ErrorCode.ALREADY_RUNNING and args.autostarted:
             log.info("autostart lost the race: %s", exc.message)

@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+from trio_agentd._paths import Layout
+
 from .harness import DaemonEnv, wait_for
 
 _STEP = re.compile(r"^trio-agentd: \[ *\d+\.\d ms\] ")
@@ -76,12 +78,20 @@ def test_an_invalid_config_file_stops_the_supervisor_with_one_line(denv: DaemonE
                                  " on an invalid config\n")
     assert "Traceback" not in foreground.stderr
 
-    # an autostarting prompt: the supervisor it started exits 2; the client shows the line
+    # an autostarting prompt: the supervisor it started exits 2; the client shows its cause
+    # first, in one line, never the older lines of the daemon log
+    log = Layout(home=denv.home, socket=denv.socket, registry=denv.registry).log_path
+    log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with log.open("a") as f:  # what an earlier supervisor wrote
+        f.write("2026-01-01 00:00:00,000 supervisor[1] ERROR an old cause\n"
+                "trio-agentd: error: an older cause\n")
     prompt = denv.run("-p", "hi")
     assert prompt.returncode == 125
+    assert prompt.stderr.count("\n") == 1, prompt.stderr
+    assert prompt.stderr.startswith(f"trio-agentd: error: {line}"), prompt.stderr
     assert "the supervisor exited during startup with code 2" in prompt.stderr
-    assert line in prompt.stderr
     assert "Traceback" not in prompt.stderr
+    assert "old" not in prompt.stderr
     assert denv.hello() is None
 
 
@@ -98,7 +108,7 @@ def test_the_config_file_sets_the_supervisors_default_agent_and_caps(denv: Daemo
     assert rows == {"default": "shell", "e": "echo"}
     third = denv.run("-p", "-s", "third", "hi")
     assert third.returncode == 125
-    assert "already runs the most sessions it may (2)" in third.stderr
+    assert "already keeps the most sessions it may (2, stopped ones included)" in third.stderr
 
     # a change applies from the next supervisor on (restart)
     path.write_text('default_agent = "echo"\n')

@@ -205,6 +205,6 @@ async def test_creating_a_session_beyond_max_sessions_is_resource_exhausted(
                 await client.prompt("s2", "hello")
             assert info.value.code == "resource_exhausted"
             assert info.value.message == (
-                "this supervisor already runs the most sessions it may (1) —"
-                " `trio-agentd kill` sessions you no longer need")
+                "this supervisor already keeps the most sessions it may (1, stopped ones"
+                " included) — `trio-agentd kill` sessions you no longer need")
             assert await client.prompt("s1", "again") == "[echo turn 2] again\n"

@@ -213,3 +213,13 @@ def test_the_docs_list_every_key_with_its_variable_and_default() -> None:
         env, default = rows[key.name]
         assert env == (f"`{key.env}`" if key.env else "—"), key.name
         assert default == f"`{json.dumps(key.default)}`", key.name
+
+
+def test_read_file_names_a_dangling_symlink_in_place_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.symlink_to(tmp_path / "moved" / "config.toml")
+    with pytest.raises(_config.ConfigError) as err:
+        _config.read_file(str(path))
+    assert str(err.value) == (
+        f"{path}: a symlink to {str(tmp_path / 'moved' / 'config.toml')!r}, which does not"
+        " exist — point it at the config file, or remove it")
