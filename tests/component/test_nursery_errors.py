@@ -59,6 +59,7 @@ async def test_an_op_failing_inside_its_nursery_is_answered_as_its_error(
     monkeypatch: pytest.MonkeyPatch, code: int,
 ) -> None:
     async def run_op(self: Supervisor, ms: object, req: Request) -> object:
+        await trio.lowlevel.checkpoint()  # a stand-in for an async op
         raise _group(code)  # e.g. a task of a batch op could not open a file
 
     async with supervisor_world(tmp_path, run_dir) as world:
@@ -82,6 +83,7 @@ async def test_a_client_failing_inside_its_nursery_is_one_rate_limited_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def read_requests(self: Supervisor, *args: object) -> None:
+        await trio.lowlevel.checkpoint()  # a stand-in for the async reader
         raise OSError(errno.EMFILE, "injected")  # in the body of the requests nursery
 
     async with supervisor_world(tmp_path, run_dir) as world:

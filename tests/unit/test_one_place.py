@@ -114,6 +114,6 @@ def test_several_errors_become_one_internal_error_from_the_group() -> None:
 
 def test_a_group_with_a_base_exception_is_left_as_it_is() -> None:
     group = BaseExceptionGroup("two", [KeyboardInterrupt(), ValueError("a")])
-    with pytest.raises(BaseExceptionGroup) as caught:
+    with pytest.RaisesGroup(KeyboardInterrupt, ValueError) as caught:
         _raise(group)
     assert caught.value is group
