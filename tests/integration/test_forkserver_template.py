@@ -237,15 +237,21 @@ def _fds(pid: int) -> dict[int, str]:
     return out
 
 
-def test_a_spare_holds_only_dev_null_and_its_socket_and_takes_one_start(
-    template: tuple[subprocess.Popen[bytes], socket.socket],
-) -> None:
-    proc, sock = template
+def _spare(sock: socket.socket) -> tuple[socket.socket, int]:
+    """Ask the template for a spare: our end of its socket, and its pid."""
     ours, theirs = socket.socketpair()
     _send(sock, {"spare": True}, [theirs.fileno()])
     theirs.close()
     pid = _recv(sock)["pid"]
     assert isinstance(pid, int)
+    return ours, pid
+
+
+def test_a_spare_holds_only_dev_null_and_its_socket_and_takes_one_start(
+    template: tuple[subprocess.Popen[bytes], socket.socket],
+) -> None:
+    proc, sock = template
+    ours, pid = _spare(sock)
     try:
         assert _stat(pid)[1] == str(proc.pid)
 
@@ -287,11 +293,7 @@ def test_a_spare_exits_when_its_socket_closes(
     template: tuple[subprocess.Popen[bytes], socket.socket],
 ) -> None:
     _proc, sock = template
-    ours, theirs = socket.socketpair()
-    _send(sock, {"spare": True}, [theirs.fileno()])
-    theirs.close()
-    pid = _recv(sock)["pid"]
-    assert isinstance(pid, int)
+    ours, pid = _spare(sock)
     try:
         assert _alive(pid)
         ours.close()  # dropped, or its supervisor died
