@@ -31,7 +31,7 @@ def _linux_boot_id() -> str:
 
 
 _boottime_offset_ticks: int | None = None
-_PROC = "/proc"  # tests point it at a fake
+_PROC = "/proc"
 
 
 def _parse_boottime_offset(text: str, ticks_per_second: int) -> int:
@@ -144,12 +144,8 @@ def _is_zombie(pid: int) -> bool:
     closed before it becomes a zombie — a crash must not look alive in that window)."""
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return _dying(data[data.rfind(b")") + 2 :].split())
+    tail = _proc_stat_tail(pid)
+    return tail is not None and _dying(tail)
 
 
 def _dying(tail: list[bytes]) -> bool:
@@ -248,15 +244,6 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rfind(b")") + 2 :].split()
-
-
 def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
     """Signal, one by one, the live members of a group whose leader is already gone.
 
@@ -276,7 +263,7 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
     except (IndexError, ValueError):
         return []
     hit: list[int] = []
-    for name in os.listdir("/proc"):
+    for name in os.listdir(_PROC):
         if not name.isdigit():
             continue
         pid = int(name)
@@ -285,7 +272,7 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
         except OSError:
             continue
         try:
-            fields = _stat_fields(pid)
+            fields = _proc_stat_tail(pid)
             try:
                 # after pid and comm: state(0) ppid(1) pgrp(2) session(3) ... starttime(19)
                 ours = (fields is not None and int(fields[2]) == group.pgid
