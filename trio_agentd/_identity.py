@@ -70,7 +70,7 @@ def read_start_id(pid: int) -> str | None:
     if pid <= 0:
         return None
     if sys.platform.startswith("linux"):
-        return _start_id_of(_proc_stat_tail(pid))
+        return _start_id_of(proc_stat_fields(pid))
     try:
         import psutil
 
@@ -79,15 +79,35 @@ def read_start_id(pid: int) -> str | None:
         return None
 
 
-def _proc_stat_tail(pid: int) -> list[bytes] | None:
+def proc_stat_fields(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/<pid>/stat`` after pid and comm, or ``None`` if it cannot be
-    read (comm may contain spaces and parentheses: split after the last ')')."""
+    read (comm may contain spaces and parentheses: split after the last ')'). From index 0:
+    state, ppid, pgrp, session, ..., starttime at 19."""
     try:
         with open(f"{_PROC}/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     return data[data.rfind(b")") + 2 :].split()
+
+
+def proc_cmdline(pid: int) -> list[bytes] | None:
+    """The arguments of ``/proc/<pid>/cmdline``, or ``None`` if it cannot be read."""
+    try:
+        with open(f"{_PROC}/{pid}/cmdline", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data.split(b"\0")[:-1] if data.endswith(b"\0") else data.split(b"\0")
+
+
+def proc_environ(pid: int) -> list[bytes]:
+    """The ``NAME=value`` entries of ``/proc/<pid>/environ``; none if it cannot be read."""
+    try:
+        with open(f"{_PROC}/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
 
 
 def _start_id_of(tail: list[bytes] | None) -> str | None:
@@ -118,7 +138,7 @@ def liveness(pid: int, start_id: str | None) -> Liveness:
     except PermissionError:
         pass
     linux = sys.platform.startswith("linux")
-    tail = _proc_stat_tail(pid) if linux else None  # read once: identity and state
+    tail = proc_stat_fields(pid) if linux else None  # read once: identity and state
     current = _start_id_of(tail) if linux else read_start_id(pid)
     if current is None:
         # raced with exit, or unreadable
@@ -131,7 +151,7 @@ def liveness(pid: int, start_id: str | None) -> Liveness:
         return Liveness.UNKNOWN
     if start_id is None:
         return Liveness.UNKNOWN
-    if _is_zombie(pid) if tail is None else _dying(tail):
+    if is_zombie(pid) if tail is None else _dying(tail):
         return Liveness.DEAD
     return Liveness.ALIVE if current == start_id else Liveness.DEAD
 
@@ -139,17 +159,13 @@ def liveness(pid: int, start_id: str | None) -> Liveness:
 _PF_EXITING = 0x4  # include/linux/sched.h: the task is exiting
 
 
-def _is_zombie(pid: int) -> bool:
+def is_zombie(pid: int) -> bool:
     """Dead for our purposes: a zombie, or already exiting (its fds, sockets included, are
     closed before it becomes a zombie — a crash must not look alive in that window)."""
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return _dying(data[data.rfind(b")") + 2 :].split())
+    tail = proc_stat_fields(pid)
+    return tail is not None and _dying(tail)
 
 
 def _dying(tail: list[bytes]) -> bool:
@@ -248,15 +264,6 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rfind(b")") + 2 :].split()
-
-
 def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
     """Signal, one by one, the live members of a group whose leader is already gone.
 
@@ -285,7 +292,7 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
         except OSError:
             continue
         try:
-            fields = _stat_fields(pid)
+            fields = proc_stat_fields(pid)
             try:
                 # after pid and comm: state(0) ppid(1) pgrp(2) session(3) ... starttime(19)
                 ours = (fields is not None and int(fields[2]) == group.pgid
