@@ -60,7 +60,7 @@ def test_both_clients_say_a_supervisor_does_not_accept_connections_in_the_same_w
                            ' (waited 1.2s) — run "trio-agentd doctor --fix"')
     for module in (_client, _syncconn):
         assert vars(module)["not_accepting"] is not_accepting, module.__name__
-        assert "does not accept connections" not in Path(module.__file__).read_text()
+        assert "does not accept connections" not in Path(str(module.__file__)).read_text()
 
 
 def test_the_cli_takes_no_supervisor_from_the_error_type_not_its_words(
