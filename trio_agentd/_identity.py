@@ -16,6 +16,10 @@ from ._defaults import EXIT_POLL
 from ._procstate import GroupIdentity as GroupIdentity
 from ._procstate import Liveness as Liveness
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 _boot_id: str | None = None
 
 
@@ -127,28 +131,33 @@ def own_start_id() -> str:
     return sid
 
 
-def liveness(pid: int, start_id: str | None) -> Liveness:
-    """Is the process incarnation ``(pid, start_id)`` still running?"""
-    if pid <= 0:
-        return Liveness.DEAD
+def _answers_signal_0(send: Callable[[int, int], None], target: int) -> bool:
+    """Signal 0 by ``send`` (``os.kill``, ``os.killpg``): whether ``target`` exists; a
+    process of another user counts."""
     try:
-        os.kill(pid, 0)
+        send(target, 0)
     except ProcessLookupError:
-        return Liveness.DEAD
+        return False
     except PermissionError:
         pass
+    return True
+
+
+def _pid_exists(pid: int) -> bool:
+    """Whether the pid is taken (by any process: a pid alone is no identity)."""
+    return _answers_signal_0(os.kill, pid)
+
+
+def liveness(pid: int, start_id: str | None) -> Liveness:
+    """Is the process incarnation ``(pid, start_id)`` still running?"""
+    if pid <= 0 or not _pid_exists(pid):
+        return Liveness.DEAD
     linux = sys.platform.startswith("linux")
     tail = proc_stat_fields(pid) if linux else None  # read once: identity and state
     current = _start_id_of(tail) if linux else read_start_id(pid)
     if current is None:
         # raced with exit, or unreadable
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return Liveness.DEAD
-        except PermissionError:
-            pass
-        return Liveness.UNKNOWN
+        return Liveness.UNKNOWN if _pid_exists(pid) else Liveness.DEAD
     if start_id is None:
         return Liveness.UNKNOWN
     if is_zombie(pid) if tail is None else _dying(tail):
@@ -255,13 +264,7 @@ def signal_group_identity_checked(
 
 def group_alive(pgid: int) -> bool:
     """Does any process (a zombie counts) still belong to group ``pgid``? A probe only."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _answers_signal_0(os.killpg, pgid)
 
 
 def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:

@@ -145,12 +145,13 @@ class Supervisor:
         # repeated causes (EMFILE on every accept, an unreadable owner record on every
         # self-check) are logged once per LOG_RATE_INTERVAL, with a count
         self.rl = RateLimitedLog(log, LOG_RATE_INTERVAL, clock=trio.current_time)
-        self.table = SessionTable(self.layout, self.timing, self.ops,
+        self.table = SessionTable(layout=self.layout, timing=self.timing, ops=self.ops,
                                   default_agent=config.default_agent,
                                   max_sessions=config.max_sessions)
         self.sessions: dict[str, WorkerHandle] = self.table.sessions
-        self.socket = SupervisorSocket(self.layout, self.timing, generation=self.generation,
-                                       rl=self.rl, listener=listener, inherited=inherited)
+        self.socket = SupervisorSocket(layout=self.layout, timing=self.timing,
+                                       generation=self.generation, rl=self.rl,
+                                       client_listener=listener, inherited=inherited)
         self.dispatcher = Dispatcher(self, max_clients=config.max_clients)
         self.loops = ServiceLoops(
             layout=self.layout, timing=self.timing, generation=self.generation,

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -46,68 +47,52 @@ class RequestShutdown(Protocol):
     def __call__(self, *, stop_workers: bool, restart: bool = False) -> None: ...
 
 
+@dataclass(slots=True, kw_only=True)
 class ServiceLoops:
     """The supervisor's periodic tasks, started in its service nursery by :meth:`start`.
 
-    Args:
+    Attributes:
         request_shutdown: how a loop stops the supervisor (a revoked generation, a signal).
         start_client: where an accepted connection goes (also after a rebind).
     """
 
-    def __init__(
-        self,
-        *,
-        layout: Layout,
-        timing: Timing,
-        generation: str,
-        ownership: Ownership,
-        notifier: Notifier,
-        rl: RateLimitedLog,
-        ops: ProcessWorkerOps,
-        table: SessionTable,
-        socket: SupervisorSocket,
-        request_shutdown: RequestShutdown,
-        start_client: Callable[[trio.abc.Stream], None],
-    ) -> None:
-        self.layout = layout
-        self.timing = timing
-        self.generation = generation
-        self.ownership = ownership
-        self.notifier = notifier
-        self.rl = rl
-        self.ops = ops
-        self.table = table
-        self.socket = socket
-        self.request_shutdown = request_shutdown
-        self.start_client = start_client
-        self._nursery: trio.Nursery | None = None
-        self._sessions_stamp: int | None = None  # mtime of sessions/ at the last heal check
-        self._replacing: set[str] = set()  # sessions whose outdated worker is being replaced
-
-    @property
-    def nursery(self) -> trio.Nursery:
-        assert self._nursery is not None
-        return self._nursery
+    layout: Layout
+    timing: Timing
+    generation: str
+    ownership: Ownership
+    notifier: Notifier
+    rl: RateLimitedLog
+    ops: ProcessWorkerOps
+    table: SessionTable
+    socket: SupervisorSocket
+    request_shutdown: RequestShutdown
+    start_client: Callable[[trio.abc.Stream], None]
+    # mtime of sessions/ at the last heal check
+    _sessions_stamp: int | None = field(default=None, init=False)
+    # sessions whose outdated worker is being replaced
+    _replacing: set[str] = field(default_factory=set, init=False)
 
     def start(self, service: trio.Nursery) -> None:
         """Start every service task in ``service``: accept, signals, self-check, the sweeps."""
-        self._nursery = service
         # service tasks never end the daemon: an unexpected error is logged and the task
         # starts again (keep_running)
         listener = self.socket.client_listener
         if listener is None:
-            self.start_accepting(self.socket.listen_sock)
+            self.start_accepting(service, self.socket.listen_sock)
         else:
             service.start_soon(self.keep_running, "accept", self.socket.accept_from, listener,
                                self.start_client)
         service.start_soon(self.keep_running, "signals", self.signals)
-        service.start_soon(self.keep_running, "self-check", self.self_check_loop)
+        service.start_soon(self.keep_running, "self-check", self.self_check_loop, service)
         service.start_soon(self.keep_running, "idle sweep", self.idle_sweep_loop)
-        service.start_soon(self.keep_running, "upgrade sweep", self.upgrade_sweep_loop)
+        service.start_soon(self.keep_running, "upgrade sweep", self.upgrade_sweep_loop,
+                           service)
 
-    def start_accepting(self, sock: trio.socket.SocketType | None) -> None:
+    def start_accepting(
+        self, service: trio.Nursery, sock: trio.socket.SocketType | None
+    ) -> None:
         """Accept on ``sock`` (the bound socket, or the one a rebind made) until it closes."""
-        self.nursery.start_soon(self.keep_running, "accept", self.socket.accept_loop, sock,
+        service.start_soon(self.keep_running, "accept", self.socket.accept_loop, sock,
                                 self.start_client)
 
     async def keep_running(
@@ -133,7 +118,7 @@ class ServiceLoops:
             await trio.sleep(SERVICE_RESTART_DELAY)
 
 
-    async def self_check_loop(self) -> None:
+    async def self_check_loop(self, service: trio.Nursery) -> None:
         last: str | None = None
         bind_error: str | None = None  # logged once per cause, not every tick
         # a watchdog shorter than the self-check interval needs checks as often as its pings
@@ -161,7 +146,7 @@ class ServiceLoops:
             self.heal_state()
             if self.socket.listen_sock is not None and not self.socket.intact():
                 try:
-                    self.start_accepting(self.socket.rebind())
+                    self.start_accepting(service, self.socket.rebind())
                     bind_error = None
                 except (OSError, AgentdError) as exc:
                     if str(exc) != bind_error:
@@ -256,7 +241,7 @@ class ServiceLoops:
                 # may have reached it since its last notice): the session then stays ready
                 h.request_stop(graceful=True, reason=StopReason.EVICT)
 
-    async def upgrade_sweep_loop(self) -> None:
+    async def upgrade_sweep_loop(self, service: trio.Nursery) -> None:
         """Replace each adopted worker of another version (or protocol) with one of this
         version once its session has been idle ``upgrade_idle`` (counted from the end of its
         last turn, or from the adoption). Until then it serves as before; a worker that has a
@@ -271,7 +256,7 @@ class ServiceLoops:
                 idle = h.idle_for(now)
                 if idle >= t.upgrade_idle:
                     self._replacing.add(h.session_id)
-                    self.nursery.start_soon(self._replace_outdated, h)
+                    service.start_soon(self._replace_outdated, h)
                 else:
                     wake = min(wake, t.upgrade_idle - idle)
             await trio.sleep(max(wake, MIN_WAKE))

@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -40,38 +41,30 @@ from .timing import Timing, kill_answer_bound
 log = logging.getLogger("trio_agentd.supervisor")
 
 
+@dataclass(slots=True, kw_only=True)
 class SessionTable:
     """Every session this supervisor keeps, by id (stopped ones too), and how they come and go.
 
-    Args:
+    Attributes:
         default_agent: the agent of a new session prompted without one.
         max_sessions: beyond it a new session gets ``resource_exhausted``.
     """
 
-    def __init__(
-        self,
-        layout: Layout,
-        timing: Timing,
-        ops: ProcessWorkerOps,
-        *,
-        default_agent: str,
-        max_sessions: int,
-    ) -> None:
-        self.layout = layout
-        self.timing = timing
-        self.ops = ops
-        self.default_agent = default_agent
-        self.max_sessions = max_sessions
-        self.sessions: dict[str, WorkerHandle] = {}
-        # sessions killed in this supervisor's life and not made anew since: a resent command
-        # of theirs is answered session_killed, not run in a new session
-        self.killed: set[str] = set()
-        # read at startup, adopted once the service nursery runs
-        self.loaded: list[tuple[WorkerHandle, bool, Mode]] = []
-        # sessions being removed (`trio-agentd rm`): a command for one waits until it is gone,
-        # then makes it anew
-        self._removing: dict[str, trio.Event] = {}
-        self._nursery: trio.Nursery | None = None
+    layout: Layout
+    timing: Timing
+    ops: ProcessWorkerOps
+    default_agent: str
+    max_sessions: int
+    sessions: dict[str, WorkerHandle] = field(default_factory=dict, init=False)
+    # sessions killed in this supervisor's life and not made anew since: a resent command
+    # of theirs is answered session_killed, not run in a new session
+    killed: set[str] = field(default_factory=set, init=False)
+    # read at startup, adopted once the service nursery runs
+    loaded: list[tuple[WorkerHandle, bool, Mode]] = field(default_factory=list, init=False)
+    # sessions being removed (`trio-agentd rm`): a command for one waits until it is gone,
+    # then makes it anew
+    _removing: dict[str, trio.Event] = field(default_factory=dict, init=False)
+    _nursery: trio.Nursery | None = field(default=None, init=False)
 
     @property
     def nursery(self) -> trio.Nursery:

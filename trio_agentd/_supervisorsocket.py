@@ -20,6 +20,7 @@ import logging
 import os
 import socket as _socket
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -46,43 +47,35 @@ class ClientListener(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(slots=True, kw_only=True)
 class SupervisorSocket:
     """Where clients connect: the lease, and the listening socket bound (or inherited) under it.
 
-    Args:
-        listener: where clients connect instead of the Unix socket (then no socket is bound,
+    Attributes:
+        client_listener: where clients connect instead of the Unix socket (then no socket is bound,
             watched or rebound).
         inherited: the listening socket a service manager passed (socket activation).
     """
 
-    def __init__(
-        self,
-        layout: Layout,
-        timing: Timing,
-        *,
-        generation: str,
-        rl: RateLimitedLog,
-        listener: ClientListener | None = None,
-        inherited: InheritedListener | None = None,
-    ) -> None:
-        self.layout = layout
-        self.timing = timing
-        self.generation = generation
-        self.rl = rl
-        self.client_listener: ClientListener | None = listener
-        self._inherited = inherited
-        self._bound_by_us = False  # an inherited socket is the manager's: never unlinked
-        self._lease_fd: int | None = None
-        self.listen_sock: trio.socket.SocketType | None = None
-        self._bound_ino: int | None = None
+    layout: Layout
+    timing: Timing
+    generation: str
+    rl: RateLimitedLog
+    client_listener: ClientListener | None = None
+    inherited: InheritedListener | None = None
+    # an inherited socket is the manager's: never unlinked
+    _bound_by_us: bool = field(default=False, init=False)
+    _lease_fd: int | None = field(default=None, init=False)
+    listen_sock: trio.socket.SocketType | None = field(default=None, init=False)
+    _bound_ino: int | None = field(default=None, init=False)
 
     def listen(self) -> None:
         """Listen on the Unix socket: the one a service manager passed, else one we bind (none
         with an injected listener)."""
         if self.client_listener is not None:
             return
-        if self._inherited is not None:
-            self.take_inherited(self._inherited)
+        if self.inherited is not None:
+            self.take_inherited(self.inherited)
         else:
             self.bind()
 

@@ -53,6 +53,7 @@ from trio_agentd._session import check_session_id
 from trio_agentd._stream import MessageStream
 from trio_agentd._supervisor import Supervisor, SupervisorConfig
 from trio_agentd._supervisorops import Dispatcher, _guess_id, _opt_str, _str_arg
+from trio_agentd._supervisorsessions import SessionTable
 from trio_agentd._text import CONTROL_CODEPOINTS, printable
 from trio_agentd._workerlink import link_over_stream
 from trio_agentd.agents._spec import validate_agent_spec
@@ -387,15 +388,14 @@ def test_session_id_and_agent_checks_on_hostile_text(text: str) -> None:
     assert exc is None or _bad_request(exc), repr(exc)
 
 
-def _no_spawn(tmp: Path) -> Dispatcher:
+def _no_spawn(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Dispatcher:
     """A supervisor's ops: the real argument checks of every op, but no worker spawned."""
-    sup = Supervisor(_config(tmp))
 
-    def claim_session(session_id: str, meta: dict[str, Any] | None) -> None:
+    def claim_session(self: SessionTable, session_id: str, meta: dict[str, Any] | None) -> None:
         raise AgentdError("test_no_spawn", f"would create session {session_id!r}")
 
-    sup.table.claim_session = claim_session  # type: ignore[method-assign]
-    return sup.dispatcher
+    monkeypatch.setattr(SessionTable, "claim_session", claim_session)
+    return Supervisor(_config(tmp)).dispatcher
 
 
 _EXPECTED = {ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_SESSION, ErrorCode.UNKNOWN_OP,
@@ -403,8 +403,8 @@ _EXPECTED = {ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_SESSION, ErrorCode.UNKNOWN
 arg_values = json_values | hostile_text | st.sampled_from(["s1", "echo", "exec:cat", "/tmp"])
 
 
-def test_run_op_argument_checks_fuzz(tmp_path: Path) -> None:
-    ops = _no_spawn(tmp_path)
+def test_run_op_argument_checks_fuzz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = _no_spawn(tmp_path, monkeypatch)
 
     @FUZZ
     @given(
@@ -446,9 +446,9 @@ def test_run_op_argument_checks_fuzz(tmp_path: Path) -> None:
     ],
 )
 async def test_run_op_refuses_hostile_arguments(
-    tmp_path: Path, op: str, args: dict[str, Any]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str, args: dict[str, Any]
 ) -> None:
-    ops = _no_spawn(tmp_path)
+    ops = _no_spawn(tmp_path, monkeypatch)
     stream = MessageStream(trio.testing.memory_stream_pair()[0])
     with pytest.raises(AgentdError) as info:
         await ops.run_op(stream, Request(id=1, op=op, args=args))
