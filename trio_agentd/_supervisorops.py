@@ -98,8 +98,9 @@ class Dispatcher:
         ms = MessageStream(stream)
         try:
             if self.clients_open > self.max_clients:
-                self.sup.rl.error(("clients", "cap"), "refused a client connection: %d are open"
-                              " (the most is %d)", self.clients_open - 1, self.max_clients)
+                self.sup.rl.error(("clients", "cap"), "refused a client connection: %d are"
+                                  " open (the most is %d)", self.clients_open - 1,
+                                  self.max_clients)
                 with trio.move_on_after(LINK_CLOSE_TIMEOUT):
                     await ms.send(fail(None, AgentdError(
                         ErrorCode.RESOURCE_EXHAUSTED,
@@ -129,7 +130,7 @@ class Dispatcher:
         except Exception as exc:
             if is_exhaustion(exc):
                 self.sup.rl.error(("client", type(exc).__name__, getattr(exc, "errno", None)),
-                              "client connection failed: %s", exc)
+                                  "client connection failed: %s", exc)
             else:
                 log.exception("client connection failed")
         finally:
