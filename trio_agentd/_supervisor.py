@@ -189,8 +189,12 @@ class Supervisor:
         for d in (L.state_dir, L.workers_dir, L.journal_dir, L.generations_dir):
             _fs.ensure_dir(d)
         await self.ownership.acquire()
+
+        def started() -> None:  # once hellos are served
+            task_status.started(self)
+
         try:
-            await self._serve_owned(task_status)
+            await self._serve_owned(started)
         finally:
             with trio.move_on_after(OWNERSHIP_RELEASE_TIMEOUT, shield=True):
                 await self.ownership.release()
@@ -199,7 +203,7 @@ class Supervisor:
         if self.restart_requested:
             self._spawn_successor()
 
-    async def _serve_owned(self, task_status: trio.TaskStatus[Supervisor]) -> None:
+    async def _serve_owned(self, started: Callable[[], None]) -> None:
         """Under the ownership record: the lease, the proof of home, the socket, the service."""
         self.socket.take_lease()
         try:
@@ -209,12 +213,12 @@ class Supervisor:
             # take a starting supervisor for a wedged one)
             self.table.load_descriptors()
             self.socket.listen()
-            await self._run_service(task_status)
+            await self._run_service(started)
         finally:
             self.socket.close(unlink=True)
             self.socket.release_lease()
 
-    async def _run_service(self, task_status: trio.TaskStatus[Supervisor]) -> None:
+    async def _run_service(self, started: Callable[[], None]) -> None:
         """The service nursery (workers, loops) around the clients nursery; then the stop."""
         async with trio.open_nursery() as service:
             self._service = service
@@ -228,14 +232,13 @@ class Supervisor:
             self.ownership.bind_nursery(service)
             async with trio.open_nursery() as clients:
                 self._clients = clients
-                await self._serve_clients(service, clients, task_status)
+                await self._serve_clients(service, clients, started)
             with trio.move_on_after(shutdown_shield(self.timing), shield=True):
                 await self._stop(service)
             service.cancel_scope.cancel()
 
     async def _serve_clients(
-        self, service: trio.Nursery, clients: trio.Nursery,
-        task_status: trio.TaskStatus[Supervisor],
+        self, service: trio.Nursery, clients: trio.Nursery, started: Callable[[], None]
     ) -> None:
         """Start the loops, adopt the sessions found, serve until shutdown, then drain."""
         self.loops.start(service)
@@ -247,7 +250,7 @@ class Supervisor:
             "supervisor generation %s pid %s listening on %s",
             self.generation, os.getpid(), self.layout.socket,
         )
-        task_status.started(self)
+        started()
         await self.notifier.ready(self.loops.status_text())
         await self.shutdown_requested.wait()
         await self.notifier.stopping(
