@@ -41,7 +41,7 @@ def _child(seconds: int, crash_log: str) -> None:
         from trio_agentd._errors import AgentdError
         from trio_agentd._protocol import LineBuffer, Request, decode
         from trio_agentd._session import check_session_id
-        from trio_agentd._supervisor import _guess_id, _opt_str, _str_arg
+        from trio_agentd._supervisorops import _guess_id, _opt_str, _str_arg
         from trio_agentd.agents._base import validate_agent_spec
 
     def check_args(args: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from ._aio import MessageStream, Silence, backend, connect_unix, raw_socket, wat
 from ._autostart import is_older, is_ours
 from ._defaults import AUTOSTART_HELPER_MARGIN, CLOSE_TIMEOUT, RESEND_DELAY, RESEND_DELAY_MAX
 from ._defaults import GRANT_MARGIN as _GRANT_MARGIN
-from ._errors import AgentdError, ErrorCode, single_errors
+from ._errors import AgentdError, ErrorCode, not_accepting, single_errors
 from ._paths import Layout, check_socket_path
 from ._protocol import (
     PROTOCOL_VERSION,
@@ -640,12 +640,7 @@ async def _probe(layout: Layout, timing: Timing) -> tuple[MessageStream, Hello] 
             # patience, or at once when nothing holds its lease
             waited = time.monotonic() - start
             if waited >= timing.patience or _lease_holder(layout) is None:
-                raise AgentdError(
-                    ErrorCode.DAEMON_UNAVAILABLE,
-                    f"the supervisor on {layout.socket} does not accept connections (waited"
-                    f' {waited:.1f}s) — run "trio-agentd doctor --fix"',
-                    {"wedged": True},
-                ) from None
+                raise not_accepting(layout.socket, waited) from None
         await anyio.sleep(min(CONNECT_RETRY_PAUSE, timing.patience - waited))
     waited = time.monotonic() - start
     ms = MessageStream(stream)

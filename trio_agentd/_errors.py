@@ -128,3 +128,14 @@ class NoSupervisor(AgentdError):
 
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.DAEMON_UNAVAILABLE, message)
+
+
+def not_accepting(socket: str, waited: float) -> AgentdError:
+    """A supervisor is there (its socket, maybe its lease) but takes no connection: its
+    backlog stayed full past patience, or nothing holds its lease. Both clients raise it."""
+    return AgentdError(
+        ErrorCode.DAEMON_UNAVAILABLE,
+        f"the supervisor on {socket} does not accept connections (waited"
+        f' {waited:.1f}s) — run "trio-agentd doctor --fix"',
+        {"wedged": True},
+    )

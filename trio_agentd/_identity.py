@@ -16,6 +16,10 @@ from ._defaults import EXIT_POLL
 from ._procstate import GroupIdentity as GroupIdentity
 from ._procstate import Liveness as Liveness
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 _boot_id: str | None = None
 
 
@@ -31,7 +35,7 @@ def _linux_boot_id() -> str:
 
 
 _boottime_offset_ticks: int | None = None
-_PROC = "/proc"
+_PROC = "/proc"  # tests point it at a fake
 
 
 def _parse_boottime_offset(text: str, ticks_per_second: int) -> int:
@@ -70,7 +74,7 @@ def read_start_id(pid: int) -> str | None:
     if pid <= 0:
         return None
     if sys.platform.startswith("linux"):
-        return _start_id_of(_proc_stat_tail(pid))
+        return _start_id_of(proc_stat_fields(pid))
     try:
         import psutil
 
@@ -79,15 +83,35 @@ def read_start_id(pid: int) -> str | None:
         return None
 
 
-def _proc_stat_tail(pid: int) -> list[bytes] | None:
+def proc_stat_fields(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/<pid>/stat`` after pid and comm, or ``None`` if it cannot be
-    read (comm may contain spaces and parentheses: split after the last ')')."""
+    read (comm may contain spaces and parentheses: split after the last ')'). From index 0:
+    state, ppid, pgrp, session, ..., starttime at 19."""
     try:
         with open(f"{_PROC}/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     return data[data.rfind(b")") + 2 :].split()
+
+
+def proc_cmdline(pid: int) -> list[bytes] | None:
+    """The arguments of ``/proc/<pid>/cmdline``, or ``None`` if it cannot be read."""
+    try:
+        with open(f"{_PROC}/{pid}/cmdline", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data.split(b"\0")[:-1] if data.endswith(b"\0") else data.split(b"\0")
+
+
+def proc_environ(pid: int) -> list[bytes]:
+    """The ``NAME=value`` entries of ``/proc/<pid>/environ``; none if it cannot be read."""
+    try:
+        with open(f"{_PROC}/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
 
 
 def _start_id_of(tail: list[bytes] | None) -> str | None:
@@ -107,31 +131,36 @@ def own_start_id() -> str:
     return sid
 
 
-def liveness(pid: int, start_id: str | None) -> Liveness:
-    """Is the process incarnation ``(pid, start_id)`` still running?"""
-    if pid <= 0:
-        return Liveness.DEAD
+def _answers_signal_0(send: Callable[[int, int], None], target: int) -> bool:
+    """Signal 0 by ``send`` (``os.kill``, ``os.killpg``): whether ``target`` exists; a
+    process of another user counts."""
     try:
-        os.kill(pid, 0)
+        send(target, 0)
     except ProcessLookupError:
-        return Liveness.DEAD
+        return False
     except PermissionError:
         pass
+    return True
+
+
+def _pid_exists(pid: int) -> bool:
+    """Whether the pid is taken (by any process: a pid alone is no identity)."""
+    return _answers_signal_0(os.kill, pid)
+
+
+def liveness(pid: int, start_id: str | None) -> Liveness:
+    """Is the process incarnation ``(pid, start_id)`` still running?"""
+    if pid <= 0 or not _pid_exists(pid):
+        return Liveness.DEAD
     linux = sys.platform.startswith("linux")
-    tail = _proc_stat_tail(pid) if linux else None  # read once: identity and state
+    tail = proc_stat_fields(pid) if linux else None  # read once: identity and state
     current = _start_id_of(tail) if linux else read_start_id(pid)
     if current is None:
         # raced with exit, or unreadable
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return Liveness.DEAD
-        except PermissionError:
-            pass
-        return Liveness.UNKNOWN
+        return Liveness.UNKNOWN if _pid_exists(pid) else Liveness.DEAD
     if start_id is None:
         return Liveness.UNKNOWN
-    if _is_zombie(pid) if tail is None else _dying(tail):
+    if is_zombie(pid) if tail is None else _dying(tail):
         return Liveness.DEAD
     return Liveness.ALIVE if current == start_id else Liveness.DEAD
 
@@ -139,12 +168,12 @@ def liveness(pid: int, start_id: str | None) -> Liveness:
 _PF_EXITING = 0x4  # include/linux/sched.h: the task is exiting
 
 
-def _is_zombie(pid: int) -> bool:
+def is_zombie(pid: int) -> bool:
     """Dead for our purposes: a zombie, or already exiting (its fds, sockets included, are
     closed before it becomes a zombie — a crash must not look alive in that window)."""
     if not sys.platform.startswith("linux"):
         return False
-    tail = _proc_stat_tail(pid)
+    tail = proc_stat_fields(pid)
     return tail is not None and _dying(tail)
 
 
@@ -235,13 +264,7 @@ def signal_group_identity_checked(
 
 def group_alive(pgid: int) -> bool:
     """Does any process (a zombie counts) still belong to group ``pgid``? A probe only."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _answers_signal_0(os.killpg, pgid)
 
 
 def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
@@ -263,7 +286,7 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
     except (IndexError, ValueError):
         return []
     hit: list[int] = []
-    for name in os.listdir(_PROC):
+    for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         pid = int(name)
@@ -272,7 +295,7 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
         except OSError:
             continue
         try:
-            fields = _proc_stat_tail(pid)
+            fields = proc_stat_fields(pid)
             try:
                 # after pid and comm: state(0) ppid(1) pgrp(2) session(3) ... starttime(19)
                 ours = (fields is not None and int(fields[2]) == group.pgid

@@ -14,7 +14,7 @@ import os
 
 from ._defaults import CLIENT, ClientTiming
 from ._depth import MAX_DEPTH, nesting_depth
-from ._errors import AgentdError, ErrorCode
+from ._errors import AgentdError, ErrorCode, not_accepting
 from ._trust import prove_peer, prove_socket_dir
 from ._wirerules import MAX_FRAME
 from ._wirestr import TAG_IN_FRAME, from_wire, to_wire
@@ -246,12 +246,7 @@ def _connect_patiently(
         waited = time.monotonic() - start
         holder = _lease_holder(layout)
         if waited >= patience or holder is None:
-            raise AgentdError(
-                ErrorCode.DAEMON_UNAVAILABLE,
-                f"the supervisor on {layout.socket} does not accept connections (waited"
-                f' {waited:.1f}s) — run "trio-agentd doctor --fix"',
-                {"wedged": True},
-            ) from None
+            raise not_accepting(layout.socket, waited) from None
         if progress is not None and waited >= next_line:
             next_line = waited + timing.patience_tick
             progress(f"supervisor pid {holder} not accepting connections for {waited:.1f} s…")

@@ -175,7 +175,7 @@ async def test_a_new_session_is_made_without_waiting_for_a_scheduling_round(
     async with open_fake_supervisor(tmp_path) as fake:
         with trio.CancelScope() as scope:
             scope.cancel()
-            handles = [await fake.sup.get_session(f"s{i}", None, "/", create=True)
+            handles = [await fake.sup.table.get_session(f"s{i}", None, "/", create=True)
                        for i in range(100)]
         assert not scope.cancelled_caught
         assert [h.session_id for h in handles] == [f"s{i}" for i in range(100)]

@@ -15,7 +15,7 @@ import trio.testing
 from trio_agentd._errors import ErrorCode
 from trio_agentd._forkserver import ForkServer
 from trio_agentd._protocol import ErrorBody, Request
-from trio_agentd._supervisor import Supervisor
+from trio_agentd._supervisorops import Dispatcher
 
 from .conftest import supervisor_world
 
@@ -58,12 +58,12 @@ async def test_an_op_failing_inside_its_nursery_is_answered_as_its_error(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, run_dir: Path,
     monkeypatch: pytest.MonkeyPatch, code: int,
 ) -> None:
-    async def run_op(self: Supervisor, ms: object, req: Request) -> object:
+    async def run_op(self: Dispatcher, ms: object, req: Request) -> object:
         await trio.lowlevel.checkpoint()  # a stand-in for an async op
         raise _group(code)  # e.g. a task of a batch op could not open a file
 
     async with supervisor_world(tmp_path, run_dir) as world:
-        monkeypatch.setattr(Supervisor, "_run_op", run_op)
+        monkeypatch.setattr(Dispatcher, "run_op", run_op)
         c = await world.client()
         response = await c.request("sessions")
         await c.aclose()
@@ -82,12 +82,12 @@ async def test_a_client_failing_inside_its_nursery_is_one_rate_limited_line(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, run_dir: Path,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async def read_requests(self: Supervisor, *args: object) -> None:
+    async def read_requests(self: Dispatcher, *args: object) -> None:
         await trio.lowlevel.checkpoint()  # a stand-in for the async reader
         raise OSError(errno.EMFILE, "injected")  # in the body of the requests nursery
 
     async with supervisor_world(tmp_path, run_dir) as world:
-        monkeypatch.setattr(Supervisor, "_read_requests", read_requests)
+        monkeypatch.setattr(Dispatcher, "read_requests", read_requests)
         for _ in range(3):
             c = await world.client()
             await world.sup.inflight.wait_value(0)

@@ -13,7 +13,6 @@ import subprocess
 from typing import Any
 
 from trio_agentd.testing._daemon import DaemonEnv as DaemonEnv
-from trio_agentd.testing._daemon import _is_zombie as _is_zombie
 from trio_agentd.testing._daemon import daemon_env as daemon_env
 from trio_agentd.testing._daemon import wait_for as wait_for
 

@@ -52,11 +52,11 @@ import pytest
 from trio_agentd import _journal
 from trio_agentd._defaults import PATIENCE
 from trio_agentd._errors import AgentdError
-from trio_agentd._identity import read_start_id
+from trio_agentd._identity import is_zombie, read_start_id
 from trio_agentd._paths import Layout
 from trio_agentd._syncclient import SyncClient
 
-from .harness import DaemonEnv, _is_zombie, daemon_env, wait_for
+from .harness import DaemonEnv, daemon_env, wait_for
 from .test_chaos import (
     MAX_PROMPTS_PER_SESSION,
     _jsonl,
@@ -206,7 +206,7 @@ def _fds(pid: int) -> int:
 def _alive(pid: int, start_id: str) -> bool:
     """Is this very process still running? (A zombie is not: a supervisor that ``restart``
     started is reparented when its parent exits, and its reaper may take a moment.)"""
-    return read_start_id(pid) == start_id and not _is_zombie(pid)
+    return read_start_id(pid) == start_id and not is_zombie(pid)
 
 
 @pytest.mark.timeout(115)

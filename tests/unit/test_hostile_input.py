@@ -51,13 +51,9 @@ from trio_agentd._protocol import (
 )
 from trio_agentd._session import check_session_id
 from trio_agentd._stream import MessageStream
-from trio_agentd._supervisor import (
-    Supervisor,
-    SupervisorConfig,
-    _guess_id,
-    _opt_str,
-    _str_arg,
-)
+from trio_agentd._supervisor import Supervisor, SupervisorConfig
+from trio_agentd._supervisorops import Dispatcher, _guess_id, _opt_str, _str_arg
+from trio_agentd._supervisorsessions import SessionTable
 from trio_agentd._text import CONTROL_CODEPOINTS, printable
 from trio_agentd._workerlink import link_over_stream
 from trio_agentd.agents._spec import validate_agent_spec
@@ -286,11 +282,11 @@ def test_line_buffer_splits_any_bytes_or_refuses_an_oversized_line(
         assert exc is None or _bad_request(exc), repr(exc)
 
 
-# --- the supervisor's reader (real _read_requests over an in-memory stream) ---------------------
+# --- the supervisor's reader (real read_requests over an in-memory stream) ---------------------
 
 
-class _Recording(Supervisor):
-    """A supervisor whose dispatch only records what its reader let through."""
+class _Recording(Dispatcher):
+    """A supervisor's dispatcher that only records what its reader let through."""
 
     dispatched: list[Request]
 
@@ -311,8 +307,8 @@ def _config(tmp: Path) -> SupervisorConfig:
 async def test_supervisor_reader_answers_each_hostile_frame_once_and_keeps_reading(
     tmp_path: Path,
 ) -> None:
-    sup = _Recording(_config(tmp_path))
-    sup.dispatched = []
+    reader = _Recording(Supervisor(_config(tmp_path)), max_clients=1)
+    reader.dispatched = []
     client_side, server_side = trio.testing.memory_stream_pair()
     server = MessageStream(server_side)
     client = MessageStream(client_side)
@@ -328,7 +324,7 @@ async def test_supervisor_reader_answers_each_hostile_frame_once_and_keeps_readi
     async with trio.open_nursery() as nursery:
         nursery.start_soon(write)
         async with trio.open_nursery() as requests:
-            await sup._read_requests(server, requests, AsyncValue(0))
+            await reader.read_requests(server, requests, AsyncValue(0))
         while True:
             with trio.move_on_after(5):
                 msg = await client.receive()
@@ -337,7 +333,7 @@ async def test_supervisor_reader_answers_each_hostile_frame_once_and_keeps_readi
             replies.append(msg)
             if isinstance(msg, Response) and msg.id == "last":
                 break
-    assert [r.id for r in sup.dispatched] == ["last"]
+    assert [r.id for r in reader.dispatched] == ["last"]
     assert len(replies) == len(frames) + 1
     for reply in replies[:-1]:
         assert isinstance(reply, Response)
@@ -392,11 +388,14 @@ def test_session_id_and_agent_checks_on_hostile_text(text: str) -> None:
     assert exc is None or _bad_request(exc), repr(exc)
 
 
-class _NoSpawn(Supervisor):
-    """Runs the real argument checks of every op but spawns no worker."""
+def _no_spawn(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Dispatcher:
+    """A supervisor's ops: the real argument checks of every op, but no worker spawned."""
 
-    def _claim_session(self, session_id: str, meta: dict[str, Any] | None) -> None:
+    def claim_session(self: SessionTable, session_id: str, meta: dict[str, Any] | None) -> None:
         raise AgentdError("test_no_spawn", f"would create session {session_id!r}")
+
+    monkeypatch.setattr(SessionTable, "claim_session", claim_session)
+    return Supervisor(_config(tmp)).dispatcher
 
 
 _EXPECTED = {ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_SESSION, ErrorCode.UNKNOWN_OP,
@@ -404,8 +403,8 @@ _EXPECTED = {ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_SESSION, ErrorCode.UNKNOWN
 arg_values = json_values | hostile_text | st.sampled_from(["s1", "echo", "exec:cat", "/tmp"])
 
 
-def test_run_op_argument_checks_fuzz(tmp_path: Path) -> None:
-    sup = _NoSpawn(_config(tmp_path))
+def test_run_op_argument_checks_fuzz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = _no_spawn(tmp_path, monkeypatch)
 
     @FUZZ
     @given(
@@ -424,7 +423,7 @@ def test_run_op_argument_checks_fuzz(tmp_path: Path) -> None:
         async def main() -> Exception | None:
             stream = MessageStream(trio.testing.memory_stream_pair()[0])
             try:
-                await sup._run_op(stream, Request(id=1, op=op, args=args))
+                await ops.run_op(stream, Request(id=1, op=op, args=args))
             except Exception as exc:
                 return exc
             return None
@@ -447,12 +446,12 @@ def test_run_op_argument_checks_fuzz(tmp_path: Path) -> None:
     ],
 )
 async def test_run_op_refuses_hostile_arguments(
-    tmp_path: Path, op: str, args: dict[str, Any]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str, args: dict[str, Any]
 ) -> None:
-    sup = _NoSpawn(_config(tmp_path))
+    ops = _no_spawn(tmp_path, monkeypatch)
     stream = MessageStream(trio.testing.memory_stream_pair()[0])
     with pytest.raises(AgentdError) as info:
-        await sup._run_op(stream, Request(id=1, op=op, args=args))
+        await ops.run_op(stream, Request(id=1, op=op, args=args))
     assert info.value.code == ErrorCode.BAD_REQUEST
     assert not (tmp_path / "home" / "sessions" / "abc\n").exists()
 

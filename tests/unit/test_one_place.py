@@ -12,7 +12,7 @@ import pytest
 
 from trio_agentd import _client, _protocol, _syncclient, _syncconn, _wirerules, cli
 from trio_agentd._doctor_repair import RealHooks
-from trio_agentd._errors import AgentdError, ErrorCode, NoSupervisor, single_errors
+from trio_agentd._errors import AgentdError, ErrorCode, NoSupervisor, not_accepting, single_errors
 from trio_agentd._paths import Layout
 from trio_agentd._registry import Registry
 from trio_agentd._registryfiles import OWNER_FILE, SCOPE_FILE, owner_dir_name
@@ -50,6 +50,17 @@ class _Refused:
 
     def connect(self) -> None:
         raise self.error
+
+
+def test_both_clients_say_a_supervisor_does_not_accept_connections_in_the_same_words() -> None:
+    err = not_accepting("/run/x/d.sock", 1.25)
+    assert err.code == ErrorCode.DAEMON_UNAVAILABLE
+    assert err.details == {"wedged": True}
+    assert err.message == ('the supervisor on /run/x/d.sock does not accept connections'
+                           ' (waited 1.2s) — run "trio-agentd doctor --fix"')
+    for module in (_client, _syncconn):
+        assert vars(module)["not_accepting"] is not_accepting, module.__name__
+        assert "does not accept connections" not in Path(str(module.__file__)).read_text()
 
 
 def test_the_cli_takes_no_supervisor_from_the_error_type_not_its_words(

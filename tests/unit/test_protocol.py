@@ -246,15 +246,15 @@ def test_error_of_a_failed_response_without_body_is_internal() -> None:
 
 
 def _dispatched_ops() -> set[str]:
-    """The op names ``Supervisor._run_op`` matches on, read from its source."""
+    """The op names ``Dispatcher.run_op`` matches on, read from its source."""
     import ast
     from pathlib import Path
 
-    from trio_agentd import _supervisor
+    from trio_agentd import _supervisorops
 
-    tree = ast.parse(Path(_supervisor.__file__).read_text())
+    tree = ast.parse(Path(_supervisorops.__file__).read_text())
     run_op = next(n for n in ast.walk(tree)
-                  if isinstance(n, ast.AsyncFunctionDef) and n.name == "_run_op")
+                  if isinstance(n, ast.AsyncFunctionDef) and n.name == "run_op")
     match = next(n for n in ast.walk(run_op) if isinstance(n, ast.Match))
     ops: set[str] = set()
     for case in match.cases:

@@ -4,8 +4,9 @@ Every process a test starts (the CLI, autostarted supervisors, their workers) in
 ``TA_TEST_RUN`` marker in its environment; :meth:`DaemonEnv.our_pids` finds them by that marker
 in ``/proc/<pid>/environ`` — by pid, never by name — and teardown SIGKILLs them.
 
-This module imports no trio and none of trio-agentd's daemon code: the CLI runs in
-subprocesses, and :meth:`DaemonEnv.open_client` imports the client when it is called.
+This module imports no trio and none of trio-agentd's daemon code (its /proc reads are the
+package's own, ``_identity``'s): the CLI runs in subprocesses, and
+:meth:`DaemonEnv.open_client` imports the client when it is called.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._identity import is_zombie, proc_cmdline, proc_environ, proc_stat_fields
 from ..timing import TEST_CLI_TIMEOUT, TEST_KILL_CONFIRM_TIMEOUT, TEST_SHUTDOWN_TIMEOUT
 
 if TYPE_CHECKING:
@@ -60,23 +62,6 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-def _environ_of(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return True
-    return data[data.rfind(b")") + 2 :][:1] in (b"Z", b"X")
 
 
 def fits_socket_dir(path: Path) -> bool:
@@ -253,43 +238,36 @@ class DaemonEnv:
             if not name.isdigit() or int(name) == me:
                 continue
             pid = int(name)
-            if self.marker in _environ_of(pid).split(b"\0") and not _is_zombie(pid):
+            if self.marker in proc_environ(pid) and not is_zombie(pid):
                 pids.append(pid)
         return sorted(pids)
+
+    def _forked_by_templates(self) -> list[tuple[int, bool]]:
+        """Our processes that run a template's command line (``... --template``): the
+        templates and the workers they forked, each with whether it leads its own session."""
+        out = []
+        for pid in self.our_pids():
+            argv, fields = proc_cmdline(pid), proc_stat_fields(pid)
+            try:
+                if argv is None or argv[-1:] != [b"--template"] or fields is None:
+                    continue
+                out.append((pid, int(fields[3]) == pid))  # field 3 after comm: session
+            except (IndexError, ValueError):
+                continue
+        return out
 
     def fork_templates(self) -> list[int]:
         """Our supervisors' worker fork templates (``--template``, in their supervisor's
         session; the workers they fork lead sessions of their own)."""
-        out = []
-        for pid in self.our_pids():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    template = f.read().split(b"\0")[-2:-1] == [b"--template"]
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    sid = int(f.read().rsplit(b")", 1)[1].split()[3])
-            except (OSError, IndexError, ValueError):
-                continue
-            if template and sid != pid:
-                out.append(pid)
-        return out
+        return [pid for pid, leader in self._forked_by_templates() if not leader]
 
     def spare_workers(self) -> list[int]:
         """Our supervisors' spare workers: forked by a template (its command line), each the
         leader of its own session, and named by no worker descriptor (parked, no session
         yet). Read while nothing starts: a spare being handed a session is in between."""
         workers = {d.get("pid") for d in self.descriptors()}
-        out = []
-        for pid in self.our_pids():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    template = f.read().split(b"\0")[-2:-1] == [b"--template"]
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    sid = int(f.read().rsplit(b")", 1)[1].split()[3])
-            except (OSError, IndexError, ValueError):
-                continue
-            if template and sid == pid and pid not in workers:
-                out.append(pid)
-        return out
+        return [pid for pid, leader in self._forked_by_templates()
+                if leader and pid not in workers]
 
     def shutdown(self, timeout: float = TEST_SHUTDOWN_TIMEOUT) -> None:
         """``trio-agentd shutdown`` if a supervisor answers on :attr:`socket`: it stops its
