@@ -33,12 +33,11 @@ import contextlib
 import functools
 import logging
 import signal
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Protocol, assert_never
 
 import trio
-from trio_util import AsyncValue
+from trio_util import AsyncValue, wait_any
 
 from ._errors import AgentdError, ErrorCode
 from ._protocol import APP_VERSION, PROTOCOL_VERSION, Notice, Response
@@ -637,14 +636,14 @@ class WorkerHandle:
                 return ConnectFailed(alive=self.ops.alive(self))
             case Wait(seconds=seconds):
                 self._note(f"wait {seconds:g}")
-                stopped = await _race(_sleep(seconds), self._stop_event.wait()) == 1
-                return self._take_stop() if stopped else TimerFired()
+                await wait_any(functools.partial(trio.sleep, seconds), self._stop_event.wait)
+                return self._take_stop() if self._stop_event.is_set() else TimerFired()
             case Serve():
                 link = self.link
                 assert link is not None
                 self._note("ready")
-                stopped = await _race(link.closed.wait(), self._stop_event.wait()) == 1
-                if stopped:
+                await wait_any(link.closed.wait, self._stop_event.wait)
+                if self._stop_event.is_set():
                     return self._take_stop()
                 self.link = None
                 await link.aclose()
@@ -677,15 +676,15 @@ class WorkerHandle:
                 outcome = await self._stop(graceful=False)
                 return SpawnFailed(self._spawn_failure) if outcome.confirmed else outcome
             case Idle():
-                stopped = await _race(self._demand.wait(), self._stop_event.wait()) == 1
-                if stopped:
+                await wait_any(self._demand.wait, self._stop_event.wait)
+                if self._stop_event.is_set():
                     return self._take_stop()
                 self._demand = trio.Event()  # consumed
                 return Demand()
             case Fail():
                 self._note("failed")
-                stopped = await _race(self._retry.wait(), self._stop_event.wait()) == 1
-                if stopped:
+                await wait_any(self._retry.wait, self._stop_event.wait)
+                if self._stop_event.is_set():
                     return self._take_stop()
                 self._retry = trio.Event()  # consumed
                 return Retry()
@@ -822,22 +821,3 @@ class WorkerHandle:
         self._note("stopped" if confirmed else "survived kill")
         return Stopped(confirmed=confirmed)
 
-
-async def _sleep(seconds: float) -> None:
-    await trio.sleep(seconds)
-
-
-async def _race(first: Awaitable[Any], second: Awaitable[Any]) -> int:
-    """Wait for whichever of two awaitables finishes first: its index, 0 or 1."""
-    winner: list[int] = []
-
-    async def run(aw: Awaitable[Any], index: int, cancel: Callable[[], None]) -> None:
-        await aw
-        if not winner:
-            winner.append(index)
-        cancel()
-
-    async with trio.open_nursery() as n:
-        n.start_soon(run, first, 0, n.cancel_scope.cancel)
-        n.start_soon(run, second, 1, n.cancel_scope.cancel)
-    return winner[0]
