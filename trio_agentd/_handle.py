@@ -126,6 +126,11 @@ class WorkerOps(Protocol):
         """Is the worker process with the handle's recorded identity running?"""
         ...
 
+    def serving(self, h: WorkerHandle) -> bool:
+        """:meth:`alive`, and not about to die: no ``SIGKILL`` is pending (a worker killed a
+        moment ago runs, and keeps its socket, until the kernel has it act on the signal)."""
+        ...
+
     async def connect(self, h: WorkerHandle) -> WorkerLink:
         """Connect to the running worker and authenticate (raises AgentdError)."""
         ...
@@ -433,14 +438,16 @@ class WorkerHandle:
                 await self.wait_retried()
                 mode, link = self.mode.value, self.link
                 if not self.stopping:
-                    if mode is Mode.READY and link is not None and not link.closed.is_set():
+                    if (mode is Mode.READY and link is not None and not link.closed.is_set()
+                            and self.ops.serving(self)):
                         return link
                     if mode is Mode.FAILED:
                         raise self._failed_error()
                     if mode is Mode.STOPPED and self.state.stop_reason is not StopReason.KILL:
                         self._demand.set()
                 # not yet: stopping, starting, recovering, killed and about to be retired, or
-                # ready with a link that just dropped (the recovery moves on)
+                # ready with a link that just dropped or a worker that just died, its link's
+                # end not read yet (a route to it would only fail: the recovery moves on)
                 await self._changed.wait_transition()
         raise AgentdError(
             ErrorCode.WORKER_UNAVAILABLE,

@@ -71,6 +71,33 @@ log = logging.getLogger("trio_agentd.supervisor")
 DESCRIPTOR_VERSION = 1
 
 
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def kill_pending(pid: int) -> bool:
+    """Has ``pid`` been sent a ``SIGKILL`` it has not acted on yet? The kernel marks it
+    pending in every thread of the process as it is sent, so it shows in ``SigPnd`` at once,
+    while the process may not run (and so exit, closing its sockets) for a while. ``False``
+    where ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return sigkill_in_status(f.read())
+    except OSError:
+        return False
+
+
+def sigkill_in_status(status: bytes) -> bool:
+    """Does a ``/proc/<pid>/status`` text show ``SIGKILL`` pending (thread or process)?"""
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            try:
+                if int(line.split()[1], 16) & _SIGKILL_BIT:
+                    return True
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
 class ProcessWorkerOps:
     def __init__(self, layout: Layout, ownership: Ownership, timing: Timing) -> None:
         self.layout = layout
@@ -104,6 +131,9 @@ class ProcessWorkerOps:
         if h.pid is None:
             return False
         return liveness(h.pid, h.start_id) is not Liveness.DEAD
+
+    def serving(self, h: WorkerHandle) -> bool:
+        return self.alive(h) and h.pid is not None and not kill_pending(h.pid)
 
     def signal(self, h: WorkerHandle, sig: int) -> bool:
         if h.pid is None:

@@ -67,6 +67,29 @@ async def test_dead_worker_is_respawned_at_once(
     assert _since(ops, t0) == [(0.0, f"spawn {h.pid}"), (0.0, f"connect {h.pid}")]
 
 
+async def test_a_worker_dead_before_its_link_says_so_is_never_handed_out(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    # a route asked for the moment after a kill -9, before the link's reader has seen the
+    # end: the dead worker's link would only fail the client (and cost it a back-off)
+    ops = FakeWorkerOps(nursery)
+    h = await _start(ops, nursery)
+    first = ops.processes[0]
+    t0 = trio.current_time()
+    first.die()
+    dead = h.link
+    assert h.mode.value is Mode.READY
+    assert dead is not None
+    assert not dead.closed.is_set()
+    link = await h.wait_ready()
+    assert link is not dead
+    assert link is h.link
+    assert not link.closed.is_set()
+    assert h.pid == ops.processes[1].pid != first.pid
+    assert trio.current_time() == t0
+    assert h.restarts == 1
+
+
 async def test_hung_worker_reconnects_defers_then_stops_and_respawns_on_schedule(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
