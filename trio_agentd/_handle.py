@@ -75,6 +75,8 @@ from ._workerlink import EventSink, WorkerDropped, WorkerLink
 from .timing import LINK_CLOSE_TIMEOUT, Timing
 
 log = logging.getLogger("trio_agentd.supervisor")
+# notes a handle keeps of its schedule (its ``log``): between this many and twice as many
+LOG_KEEP = 64
 
 
 class SessionRetired(AgentdError):
@@ -229,7 +231,8 @@ class WorkerHandle:
         self._persist_failed = False  # the last descriptor write failed
         self._persist_retrying = False
         self.cancel_scope = trio.CancelScope()  # cancelled: stop supervising (worker kept)
-        self.log: list[tuple[float, str]] = []  # (time, what): the schedule, for tests and -v
+        # (time, what): the schedule, for tests and -v; the newest LOG_KEEP..2*LOG_KEEP notes
+        self.log: list[tuple[float, str]] = []
 
     # public --------------------------------------------------------------------------------
     @property
@@ -625,6 +628,8 @@ class WorkerHandle:
 
     def _note(self, what: str) -> None:
         self.log.append((trio.current_time(), what))
+        if len(self.log) > 2 * LOG_KEEP:
+            del self.log[:-LOG_KEEP]  # bounded: the newest notes only, whatever the uptime
         log.debug("session %s: %s", self.session_id, what)
 
     def _take_stop(self) -> StopRequested:

@@ -678,3 +678,18 @@ async def test_stop_requested_during_a_spawn_that_never_becomes_ready_is_honoure
     assert ops.events == [(0.0, f"spawn {stuck.pid}"), (30.0, f"signal SIGTERM {stuck.pid}")]
     assert mode_of(h) is Mode.STOPPED
     assert trio.current_time() == 30.0
+
+
+async def test_a_handles_schedule_notes_stay_bounded_newest_kept(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    from trio_agentd._handle import LOG_KEEP
+
+    ops = FakeWorkerOps(nursery)
+    h = await _start(ops, nursery)
+    first = h.log[0]  # its start
+    for i in range(10 * LOG_KEEP):  # a long-lived session: link lost, reconnected, ...
+        h._note(f"note {i}")
+    assert LOG_KEEP <= len(h.log) <= 2 * LOG_KEEP
+    assert h.log[-1][1] == f"note {10 * LOG_KEEP - 1}"
+    assert first not in h.log
