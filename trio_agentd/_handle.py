@@ -654,7 +654,8 @@ class WorkerHandle:
                 link = self.link
                 assert link is not None
                 self._note("ready")
-                await wait_any(link.closed.wait, self._stop_event.wait)
+                with link.cancelled_on_close():  # the link's end, or a stop
+                    await self._stop_event.wait()
                 if self._stop_event.is_set():
                     return self._take_stop()
                 self.link = None

@@ -693,3 +693,26 @@ async def test_a_handles_schedule_notes_stay_bounded_newest_kept(
     assert LOG_KEEP <= len(h.log) <= 2 * LOG_KEEP
     assert h.log[-1][1] == f"note {10 * LOG_KEEP - 1}"
     assert first not in h.log
+
+
+def _task_names(task: trio.lowlevel.Task) -> list[str]:
+    names = []
+    for nursery in task.child_nurseries:
+        for child in nursery.child_tasks:
+            names += [child.name.rsplit(".", 1)[-1], *_task_names(child)]
+    return names
+
+
+async def test_a_ready_session_costs_the_supervisor_three_tasks_and_no_nursery_per_wait(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    # each live session waits, for its whole life, on its link's end or a stop: that wait
+    # runs in the supervise task itself, as the liveness watch does in its own (a task with a
+    # nursery is kilobytes a session, thousands of sessions)
+    ops = FakeWorkerOps(nursery)
+    h = await _start(ops, nursery)
+    await trio.testing.wait_all_tasks_blocked()
+    (supervise,) = [t for t in nursery.child_tasks if t.name.endswith("supervise")
+                    or "lambda" in t.name]
+    assert h.mode.value is Mode.READY
+    assert sorted(_task_names(supervise)) == ["run_reader", "watch_liveness"]
