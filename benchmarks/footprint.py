@@ -12,11 +12,16 @@ the echo agent, as ``trio-agentd -p -s ID`` does) from a pool of blocking client
   is also cut into 5 s slices measured on each process's CPU-time clock (ns).
 - **memory**: supervisor RSS/PSS/USS at 100 sessions, and each worker's RSS/PSS/USS
   (``psutil.Process.memory_full_info``); median/min/max over workers.
-- **scale**: keep creating sessions, in batches of 50, until the first failure or 500 (quick:
+- **scale**: keep creating sessions, in batches of 50, until the first failure or 1,000 (quick:
   stop at the 100 above); then every session must answer one more prompt. Reported: how many,
-  how long the creation took (the idle window is not counted), and the supervisor's RSS then.
+  how long the creation took (the idle window is not counted), and the memory then, measured
+  as above: supervisor RSS, and the total PSS of the supervisor, every worker and the fork
+  template (each shared page counted once in all); as a cross-check, how much the machine's
+  ``MemAvailable`` fell from before the first session to then (other users of the machine
+  move it too).
 
-Usage: ``python -m benchmarks.footprint [--quick]``. The last line of stdout is the JSON result.
+Usage: ``python -m benchmarks.footprint [--quick] [--scale N]``. The last line of stdout is the
+JSON result.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 MB = 1024 * 1024
 
 GOALS = {"idle_cpu_pct": 2.0, "supervisor_rss_mb": 50.0, "worker_pss_mb": 20.0,
-         "scale_sessions": 500}
+         "scale_sessions": 1000, "scale_supervisor_rss_mb": 60.0, "scale_total_mb": 8192.0}
+SCALE = 1000  # sessions the full run creates at most
 
 
 # --- sessions --------------------------------------------------------------------------------
@@ -248,7 +254,7 @@ def _create(layout: Layout, names: list[str], pools: list[Pool], log: Callable[[
 def run(quick: bool = False, sessions: int = 100, window: float | None = None,
         scale_to: int | None = None) -> dict[str, Any]:
     window = window if window is not None else (10.0 if quick else 30.0)
-    scale_to = scale_to if scale_to is not None else (sessions if quick else 500)
+    scale_to = scale_to if scale_to is not None else (sessions if quick else SCALE)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr)
@@ -256,6 +262,7 @@ def run(quick: bool = False, sessions: int = 100, window: float | None = None,
     pools: list[Pool] = []
     out: dict[str, Any] = {}
     with _bench_env(pools) as (env, layout):
+        available_before = _mem_available_mb()
         _first, err, first_s = _create(layout, _names(0, sessions), pools, log)
         if err is not None:
             raise BenchError(f"creating {sessions} sessions: {err}")
@@ -275,6 +282,11 @@ def run(quick: bool = False, sessions: int = 100, window: float | None = None,
         sup = _supervisor(env)
         sup_rss = psutil.Process(sup[0]).memory_info().rss / MB if sup else float("nan")
         log(f"  scale: {count} sessions, {len(ok)} answered again in {answer_s:.1f} s")
+        at_scale = memory(env, count)
+        available_after = _mem_available_mb()
+        log(f"  scale: supervisor RSS {at_scale['supervisor_rss_mb']:.1f} MB, total PSS"
+            f" {at_scale['total_pss_mb']:.0f} MB, MemAvailable fell"
+            f" {available_before - available_after:.0f} MB")
         out["scale"] = {"target": scale_to, "sessions": count, "first_failure": err,
                         "create_s": round(first_s + more_s, 2),
                         "sessions_per_s": round(count / (first_s + more_s), 1),
@@ -282,13 +294,31 @@ def run(quick: bool = False, sessions: int = 100, window: float | None = None,
                         "answer_errors": dict(sorted(errors.items())[:5]),
                         "supervisor_rss_mb": round(sup_rss, 1),
                         "descriptors": len(_workers(env)),
-                        "goal_sessions": GOALS["scale_sessions"]}
+                        "memory": at_scale,
+                        "mem_available_drop_mb": round(available_before - available_after),
+                        "goal_sessions": GOALS["scale_sessions"],
+                        "goal_supervisor_rss_mb": GOALS["scale_supervisor_rss_mb"],
+                        "goal_total_mb": GOALS["scale_total_mb"]}
     return out
 
 
+def _mem_available_mb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    raise BenchError("no MemAvailable in /proc/meminfo")
+
+
 def main() -> None:
-    quick = "--quick" in sys.argv[1:]
-    res = run(quick)
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.footprint", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="10 s idle window, no scale beyond 100")
+    p.add_argument("--scale", type=int, metavar="N", help=f"sessions at most (default {SCALE})")
+    a = p.parse_args()
+    res = run(a.quick, scale_to=a.scale)
     print(f"machine: {machine()}")
     i, m, s = res["idle"], res["memory"], res["scale"]
     print(f"idle, {i['sessions']} sessions, {i['window_s']:.0f} s: {i['total_pct']:.2f} % of one"
@@ -299,7 +329,9 @@ def main() -> None:
           f" median {w['median']:.1f} MB (min {w['min']:.1f}, max {w['max']:.1f}), RSS median"
           f" {m['worker_rss_mb']['median']:.1f} MB")
     print(f"scale: {s['sessions']} sessions in {s['create_s']:.1f} s, {s['answered_again']}"
-          f" answered again; first failure: {s['first_failure']}")
+          f" answered again; first failure: {s['first_failure']}; supervisor RSS"
+          f" {s['memory']['supervisor_rss_mb']:.1f} MB, total PSS"
+          f" {s['memory']['total_pss_mb']:.0f} MB")
     print(json.dumps(res))
 
 

@@ -33,12 +33,11 @@ import contextlib
 import functools
 import logging
 import signal
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Protocol, assert_never
 
 import trio
-from trio_util import AsyncValue
+from trio_util import AsyncValue, wait_any
 
 from ._errors import AgentdError, ErrorCode
 from ._protocol import APP_VERSION, PROTOCOL_VERSION, Notice, Response
@@ -76,6 +75,8 @@ from ._workerlink import EventSink, WorkerDropped, WorkerLink
 from .timing import LINK_CLOSE_TIMEOUT, Timing
 
 log = logging.getLogger("trio_agentd.supervisor")
+# notes a handle keeps of its schedule (its ``log``): between this many and twice as many
+LOG_KEEP = 64
 
 
 class SessionRetired(AgentdError):
@@ -125,6 +126,11 @@ class WorkerOps(Protocol):
 
     def alive(self, h: WorkerHandle) -> bool:
         """Is the worker process with the handle's recorded identity running?"""
+        ...
+
+    def serving(self, h: WorkerHandle) -> bool:
+        """:meth:`alive`, and not about to die: no ``SIGKILL`` is pending (a worker killed a
+        moment ago runs, and keeps its socket, until the kernel has it act on the signal)."""
         ...
 
     async def connect(self, h: WorkerHandle) -> WorkerLink:
@@ -225,7 +231,8 @@ class WorkerHandle:
         self._persist_failed = False  # the last descriptor write failed
         self._persist_retrying = False
         self.cancel_scope = trio.CancelScope()  # cancelled: stop supervising (worker kept)
-        self.log: list[tuple[float, str]] = []  # (time, what): the schedule, for tests and -v
+        # (time, what): the schedule, for tests and -v; the newest LOG_KEEP..2*LOG_KEEP notes
+        self.log: list[tuple[float, str]] = []
 
     # public --------------------------------------------------------------------------------
     @property
@@ -434,14 +441,16 @@ class WorkerHandle:
                 await self.wait_retried()
                 mode, link = self.mode.value, self.link
                 if not self.stopping:
-                    if mode is Mode.READY and link is not None and not link.closed.is_set():
+                    if (mode is Mode.READY and link is not None and not link.closed.is_set()
+                            and self.ops.serving(self)):
                         return link
                     if mode is Mode.FAILED:
                         raise self._failed_error()
                     if mode is Mode.STOPPED and self.state.stop_reason is not StopReason.KILL:
                         self._demand.set()
                 # not yet: stopping, starting, recovering, killed and about to be retired, or
-                # ready with a link that just dropped (the recovery moves on)
+                # ready with a link that just dropped or a worker that just died, its link's
+                # end not read yet (a route to it would only fail: the recovery moves on)
                 await self._changed.wait_transition()
         raise AgentdError(
             ErrorCode.WORKER_UNAVAILABLE,
@@ -619,6 +628,8 @@ class WorkerHandle:
 
     def _note(self, what: str) -> None:
         self.log.append((trio.current_time(), what))
+        if len(self.log) > 2 * LOG_KEEP:
+            del self.log[:-LOG_KEEP]  # bounded: the newest notes only, whatever the uptime
         log.debug("session %s: %s", self.session_id, what)
 
     def _take_stop(self) -> StopRequested:
@@ -637,14 +648,15 @@ class WorkerHandle:
                 return ConnectFailed(alive=self.ops.alive(self))
             case Wait(seconds=seconds):
                 self._note(f"wait {seconds:g}")
-                stopped = await _race(_sleep(seconds), self._stop_event.wait()) == 1
-                return self._take_stop() if stopped else TimerFired()
+                await wait_any(functools.partial(trio.sleep, seconds), self._stop_event.wait)
+                return self._take_stop() if self._stop_event.is_set() else TimerFired()
             case Serve():
                 link = self.link
                 assert link is not None
                 self._note("ready")
-                stopped = await _race(link.closed.wait(), self._stop_event.wait()) == 1
-                if stopped:
+                with link.cancelled_on_close():  # the link's end, or a stop
+                    await self._stop_event.wait()
+                if self._stop_event.is_set():
                     return self._take_stop()
                 self.link = None
                 await link.aclose()
@@ -677,15 +689,15 @@ class WorkerHandle:
                 outcome = await self._stop(graceful=False)
                 return SpawnFailed(self._spawn_failure) if outcome.confirmed else outcome
             case Idle():
-                stopped = await _race(self._demand.wait(), self._stop_event.wait()) == 1
-                if stopped:
+                await wait_any(self._demand.wait, self._stop_event.wait)
+                if self._stop_event.is_set():
                     return self._take_stop()
                 self._demand = trio.Event()  # consumed
                 return Demand()
             case Fail():
                 self._note("failed")
-                stopped = await _race(self._retry.wait(), self._stop_event.wait()) == 1
-                if stopped:
+                await wait_any(self._retry.wait, self._stop_event.wait)
+                if self._stop_event.is_set():
                     return self._take_stop()
                 self._retry = trio.Event()  # consumed
                 return Retry()
@@ -822,22 +834,3 @@ class WorkerHandle:
         self._note("stopped" if confirmed else "survived kill")
         return Stopped(confirmed=confirmed)
 
-
-async def _sleep(seconds: float) -> None:
-    await trio.sleep(seconds)
-
-
-async def _race(first: Awaitable[Any], second: Awaitable[Any]) -> int:
-    """Wait for whichever of two awaitables finishes first: its index, 0 or 1."""
-    winner: list[int] = []
-
-    async def run(aw: Awaitable[Any], index: int, cancel: Callable[[], None]) -> None:
-        await aw
-        if not winner:
-            winner.append(index)
-        cancel()
-
-    async with trio.open_nursery() as n:
-        n.start_soon(run, first, 0, n.cancel_scope.cancel)
-        n.start_soon(run, second, 1, n.cancel_scope.cancel)
-    return winner[0]

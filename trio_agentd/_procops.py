@@ -71,6 +71,33 @@ log = logging.getLogger("trio_agentd.supervisor")
 DESCRIPTOR_VERSION = 1
 
 
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def kill_pending(pid: int) -> bool:
+    """Has ``pid`` been sent a ``SIGKILL`` it has not acted on yet? The kernel marks it
+    pending in every thread of the process as it is sent, so it shows in ``SigPnd`` at once,
+    while the process may not run (and so exit, closing its sockets) for a while. ``False``
+    where ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return sigkill_in_status(f.read())
+    except OSError:
+        return False
+
+
+def sigkill_in_status(status: bytes) -> bool:
+    """Does a ``/proc/<pid>/status`` text show ``SIGKILL`` pending (thread or process)?"""
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            try:
+                if int(line.split()[1], 16) & _SIGKILL_BIT:
+                    return True
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
 class ProcessWorkerOps:
     def __init__(self, layout: Layout, ownership: Ownership, timing: Timing) -> None:
         self.layout = layout
@@ -104,6 +131,9 @@ class ProcessWorkerOps:
         if h.pid is None:
             return False
         return liveness(h.pid, h.start_id) is not Liveness.DEAD
+
+    def serving(self, h: WorkerHandle) -> bool:
+        return self.alive(h) and h.pid is not None and not kill_pending(h.pid)
 
     def signal(self, h: WorkerHandle, sig: int) -> bool:
         if h.pid is None:
@@ -232,16 +262,12 @@ class ProcessWorkerOps:
         session_dir = L.session_dir(h.session_id)
         _fs.ensure_dir(session_dir)
         meta = read_meta(session_dir)
+        new_meta = meta is None
         if meta is None:
             meta = {"session": h.session_id, "agent": h.agent, "cwd": h.cwd,
                     "created_at": h.created_at, "socket": L.socket,
                     "env": h.env if h.env is not None else agent_environment(dict(os.environ))}
-            with _naming(session_dir / "session.json"):
-                self._write(session_dir / "session.json",
-                            json.dumps(meta, sort_keys=True).encode())
         env = session_environment(meta)
-        with _naming(L.token_path(h.session_id)):
-            self._write(L.token_path(h.session_id), h.token.encode())
         cwd = h.cwd if _is_dir(h.cwd) else str(session_dir)
         config = WorkerConfig(
             session_id=h.session_id,
@@ -299,8 +325,17 @@ class ProcessWorkerOps:
         try:
             await stdin.send_all(config.to_json().encode() + b"\n")
             # the descriptor is on disk before the worker does any work (a write that fails
-            # fails the start: the caller stops the worker, which has not passed its gate)
+            # fails the start: the caller stops the worker, which has not passed its gate).
+            # The worker's files are staged together, no wait between them, so one commit (one
+            # flush) makes them all durable: a file staged before the fork would be committed
+            # on its own while the fork runs, and the descriptor would wait for a second one
             try:
+                if new_meta:
+                    with _naming(session_dir / "session.json"):
+                        self._write(session_dir / "session.json",
+                                    json.dumps(meta, sort_keys=True).encode())
+                with _naming(L.token_path(h.session_id)):
+                    self._write(L.token_path(h.session_id), h.token.encode())
                 with _naming(L.descriptor_path(h.session_id)):
                     self.persist(h, lifecycle=Mode.STARTING)
                     await self.writer.durable(path=L.descriptor_path(h.session_id))

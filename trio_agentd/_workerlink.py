@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
@@ -53,6 +53,23 @@ class WorkerLink:
         self.silence = Silence()
         # when the ping the worker never answered was sent (the link was closed for it)
         self.unresponsive: float | None = None
+        self._on_close: set[trio.CancelScope] = set()  # see :meth:`cancelled_on_close`
+
+    @contextlib.contextmanager
+    def cancelled_on_close(self) -> Iterator[trio.CancelScope]:
+        """A cancel scope that the link's end cancels (at once if it has ended): a wait for
+        something else *or* the link's end, with no task and no nursery to wait on ``closed``
+        (every live session waits so for its link's whole life: a task and a nursery each are
+        kilobytes a session)."""
+        scope = trio.CancelScope()
+        if self.closed.is_set():
+            scope.cancel()
+        self._on_close.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._on_close.discard(scope)
 
     async def run_reader(self) -> None:
         """Route messages until the link ends; then fail every pending call."""
@@ -84,6 +101,8 @@ class WorkerLink:
             pass
         finally:
             self.closed.set()
+            for scope in self._on_close:
+                scope.cancel()
             for chan in self._pending.values():
                 chan.close()
             self._pending.clear()
@@ -145,17 +164,11 @@ class WorkerLink:
         async def ping() -> None:
             await self.ms.send(Request(id=next(self._ids), op="ping", client_id="supervisor"))
 
-        async with trio.open_nursery() as nursery:
-            async def until_closed() -> None:
-                await self.closed.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(until_closed)
-            at: float | None = None
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                at = await watch(self.silence, ping, interval=interval,
-                                 ping_timeout=ping_timeout, idle_interval=idle_interval)
-            nursery.cancel_scope.cancel()
+        at: float | None = None
+        with (self.cancelled_on_close(),
+              contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError)):
+            at = await watch(self.silence, ping, interval=interval,
+                             ping_timeout=ping_timeout, idle_interval=idle_interval)
         if at is None:
             return  # the link broke first: its reader fails the pending calls
         self.unresponsive = at

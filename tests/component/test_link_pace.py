@@ -146,3 +146,26 @@ async def test_a_probe_finds_a_hung_idle_worker_within_interval_plus_timeout(
     await link.closed.wait()
     assert trio.current_time() == 15.0
     assert link.unresponsive == 12.0
+
+
+async def test_the_links_end_cancels_a_wait_tied_to_it_and_forgets_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    ours, theirs = trio.testing.memory_stream_pair()
+    link = WorkerLink(MessageStream(ours), HELLO)
+    never = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run_reader)
+        with link.cancelled_on_close() as scope:
+            with trio.move_on_after(5.0):  # a wait for something else, while the link lives
+                await never.wait()
+            assert not scope.cancel_called
+        with link.cancelled_on_close() as scope:
+            nursery.start_soon(theirs.aclose)  # the worker goes
+            await never.wait()
+        assert scope.cancelled_caught
+        assert trio.current_time() == 5.0
+        assert link._on_close == set()
+    with link.cancelled_on_close() as scope:  # ended before: cancelled at once
+        await never.wait()
+    assert scope.cancelled_caught

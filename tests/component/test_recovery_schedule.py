@@ -67,6 +67,29 @@ async def test_dead_worker_is_respawned_at_once(
     assert _since(ops, t0) == [(0.0, f"spawn {h.pid}"), (0.0, f"connect {h.pid}")]
 
 
+async def test_a_worker_dead_before_its_link_says_so_is_never_handed_out(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    # a route asked for the moment after a kill -9, before the link's reader has seen the
+    # end: the dead worker's link would only fail the client (and cost it a back-off)
+    ops = FakeWorkerOps(nursery)
+    h = await _start(ops, nursery)
+    first = ops.processes[0]
+    t0 = trio.current_time()
+    first.die()
+    dead = h.link
+    assert h.mode.value is Mode.READY
+    assert dead is not None
+    assert not dead.closed.is_set()
+    link = await h.wait_ready()
+    assert link is not dead
+    assert link is h.link
+    assert not link.closed.is_set()
+    assert h.pid == ops.processes[1].pid != first.pid
+    assert trio.current_time() == t0
+    assert h.restarts == 1
+
+
 async def test_hung_worker_reconnects_defers_then_stops_and_respawns_on_schedule(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
@@ -655,3 +678,41 @@ async def test_stop_requested_during_a_spawn_that_never_becomes_ready_is_honoure
     assert ops.events == [(0.0, f"spawn {stuck.pid}"), (30.0, f"signal SIGTERM {stuck.pid}")]
     assert mode_of(h) is Mode.STOPPED
     assert trio.current_time() == 30.0
+
+
+async def test_a_handles_schedule_notes_stay_bounded_newest_kept(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    from trio_agentd._handle import LOG_KEEP
+
+    ops = FakeWorkerOps(nursery)
+    h = await _start(ops, nursery)
+    first = h.log[0]  # its start
+    for i in range(10 * LOG_KEEP):  # a long-lived session: link lost, reconnected, ...
+        h._note(f"note {i}")
+    assert LOG_KEEP <= len(h.log) <= 2 * LOG_KEEP
+    assert h.log[-1][1] == f"note {10 * LOG_KEEP - 1}"
+    assert first not in h.log
+
+
+def _task_names(task: trio.lowlevel.Task) -> list[str]:
+    names = []
+    for nursery in task.child_nurseries:
+        for child in nursery.child_tasks:
+            names += [child.name.rsplit(".", 1)[-1], *_task_names(child)]
+    return names
+
+
+async def test_a_ready_session_costs_the_supervisor_three_tasks_and_no_nursery_per_wait(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    # each live session waits, for its whole life, on its link's end or a stop: that wait
+    # runs in the supervise task itself, as the liveness watch does in its own (a task with a
+    # nursery is kilobytes a session, thousands of sessions)
+    ops = FakeWorkerOps(nursery)
+    h = await _start(ops, nursery)
+    await trio.testing.wait_all_tasks_blocked()
+    (supervise,) = [t for t in nursery.child_tasks if t.name.endswith("supervise")
+                    or "lambda" in t.name]
+    assert h.mode.value is Mode.READY
+    assert sorted(_task_names(supervise)) == ["run_reader", "watch_liveness"]

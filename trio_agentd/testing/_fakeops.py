@@ -241,6 +241,9 @@ class FakeWorkerOps:
         p = self.by_pid.get(h.pid or -1)
         return p is not None and p.alive
 
+    def serving(self, h: WorkerHandle) -> bool:
+        return self.alive(h)  # a fake process dies at once: nothing is ever pending
+
     def admission_held(self) -> bool:
         return self.admission
 

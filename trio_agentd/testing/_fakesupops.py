@@ -31,6 +31,8 @@ class Machine(Protocol):
 
     def alive(self, h: WorkerHandle) -> bool: ...
 
+    def serving(self, h: WorkerHandle) -> bool: ...
+
     def signal(self, h: WorkerHandle, sig: int) -> bool: ...
 
     async def wait_exit(self, h: WorkerHandle) -> None: ...
@@ -66,6 +68,9 @@ class FakeSupervisorOps(ProcessWorkerOps):
 
     def alive(self, h: WorkerHandle) -> bool:
         return self.machine.alive(h)
+
+    def serving(self, h: WorkerHandle) -> bool:
+        return self.machine.serving(h)
 
     def signal(self, h: WorkerHandle, sig: int) -> bool:
         return self.machine.signal(h, sig)
