@@ -462,8 +462,10 @@ class TurnRunner:
         if self.journal is not None:
             if seq:  # (0: it never ran, and its client is told so; nothing to wait for)
                 try:
-                    with trio.CancelScope(shield=True):
-                        await self.journal.sync(seq, inline=self._alone())
+                    inline = self._alone()
+                    if not self.journal.synced(seq, inline=inline):  # else: no wait, no scope
+                        with trio.CancelScope(shield=True):
+                            await self.journal.sync(seq, inline=inline)
                 except AgentdError as exc:
                     running.error = _ran(exc)  # the turn ran; its outcome is kept
             if self.journal.wants_compaction():
