@@ -284,8 +284,12 @@ class TurnRunner:
         if not data:
             return
         # (a full acquire, a checkpoint: an agent that yields output without ever awaiting
-        # anything still lets the rest of the worker run between its chunks)
-        await running.lock.acquire()
+        # anything still lets the rest of the worker run between its chunks; a turn's first
+        # chunk, nothing before it to be fair to, takes a free lock without one)
+        if running.outputs[STDOUT].size or running.outputs[STDERR].size:
+            await running.lock.acquire()
+        else:
+            await _acquire(running.lock)
         try:
             output = running.outputs[stream]
             at = output.size
