@@ -506,7 +506,7 @@ class TurnRunner:
             session_dir=self.transcript.dir if self.transcript else self.cwd,
             on_group=functools.partial(self._on_group, k) if journal is not None else None,
         )
-        out_dir = self.transcript.dir / "output" if self.transcript else None
+        out_dir = self.transcript.output_dir if self.transcript else None
         output = running.outputs[STDOUT] = TurnOutput(out_dir / f"{turn}.out" if out_dir else None)
         errors = running.outputs[STDERR] = TurnOutput(
             out_dir / f"{turn}.err" if out_dir else None, STDERR
