@@ -117,7 +117,10 @@ class _Connection:
                     if chan is not None:
                         with contextlib.suppress(anyio.BrokenResourceError,
                                                  anyio.ClosedResourceError):
-                            await chan.send(msg)  # (closed: the request is gone)
+                            try:  # room in the channel: no trip through the scheduler
+                                chan.send_nowait(msg)
+                            except anyio.WouldBlock:
+                                await chan.send(msg)  # (closed: the request is gone)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         except AgentdError as exc:  # a malformed or oversized frame: fail the calls with it
@@ -415,6 +418,9 @@ class Client:
         return route
 
     async def _attached(self, session: str, route: dict[str, Any]) -> _Connection:
+        conn = self._direct.get(session)
+        if conn is not None and not conn.closed:
+            return conn  # attached already: no lock (and no trip through the scheduler)
         async with self._attach_lock:
             conn = self._direct.get(session)
             if conn is None or conn.closed:

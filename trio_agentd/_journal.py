@@ -104,10 +104,13 @@ def parse(data: bytes) -> JournalState:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            state.skipped_lines += 1
-            continue
+            rec = _decode(line)
+        except msgspec.DecodeError:
+            try:  # what msgspec refuses and json takes (a lone surrogate escape, NaN)
+                rec = json.loads(line)
+            except (ValueError, UnicodeDecodeError):
+                state.skipped_lines += 1
+                continue
         if not isinstance(rec, dict):
             state.skipped_lines += 1
             continue
@@ -176,6 +179,7 @@ class Line(bytes):
 
 
 _encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 
 
 def _line(obj: dict[str, Any]) -> Line:

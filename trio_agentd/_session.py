@@ -10,12 +10,25 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from . import _fs, _storage
 from ._errors import AgentdError, ErrorCode
 from ._rotate import Limits
 from ._sessionid import SESSION_ID_RULE, is_session_id
 
 log = logging.getLogger("trio_agentd.session")
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _line(rec: dict[str, Any]) -> bytes:
+    """One transcript line: compact JSON (msgspec, a turn's cost; json for what it refuses,
+    a prompt that is not UTF-8, which json writes as escapes)."""
+    try:
+        return _encode(rec) + b"\n"
+    except (UnicodeEncodeError, TypeError, OverflowError, msgspec.EncodeError):
+        return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
 
 
 def check_session_id(session_id: str) -> str:
@@ -44,6 +57,7 @@ class Transcript:
     def __init__(self, session_dir: Path, limits: Limits | None = None) -> None:
         self.dir = session_dir
         self.path = session_dir / "transcript.jsonl"
+        self.output_dir = session_dir / "output"  # turns' spilled output (joined once: pathlib)
         self.limits = limits or Limits()
         self.turns = 0
         self.rotated_through = 0  # every turn up to this one is in a rotated file
@@ -92,7 +106,7 @@ class Transcript:
         Raises:
             OSError: the line (and any kept before it) could not be written yet.
         """
-        line = json.dumps({**rec, "at": now_iso()}, separators=(",", ":")).encode() + b"\n"
+        line = _line({**rec, "at": now_iso()})
         if rec.get("kind") == "turn":
             self.turns = max(self.turns, int(rec["turn"]))
             self.keys.add((str(rec.get("client_id", "")), str(rec.get("id", ""))))

@@ -157,21 +157,42 @@ class Journal:
 
         Cancellation: the caller stops waiting; the flush goes on for the others.
         """
+        seq = self._sync_target(seq)
+        while not self._synced(seq, inline):
+            self._wanted.set()
+            event = self._durable_changed
+            await event.wait()
+
+    def synced(self, seq: int, *, inline: bool = False) -> bool:
+        """Make record ``seq`` durable without waiting if that can be done here: ``True``
+        once it is on disk (flushed here if ``inline`` or no flusher runs), ``False`` if
+        the flusher has to do it, or a backlog be written first (:meth:`sync` then does it
+        and waits). A command that needs no wait so skips the scheduler and any scope
+        around its wait.
+
+        Raises:
+            AgentdError: ``storage_error``, as :meth:`sync`.
+        """
+        return not self.backlog and self._synced(seq, inline)
+
+    def _sync_target(self, seq: int) -> int:
+        """The record to wait for: ``seq``, or the last of the backlog, written first."""
         if self.backlog:
             self._write_backlog()
             seq = max(seq, self.written)
+        return seq
+
+    def _synced(self, seq: int, inline: bool) -> bool:
         while True:
             err = self.lost(seq)
             if err is not None:
                 raise err
             if self._durable >= seq:
-                return
+                return True
             if not self._flusher_running or (inline and not self._flushing):
                 self._flush_now()
                 continue
-            self._wanted.set()
-            event = self._durable_changed
-            await event.wait()
+            return False
 
     def append_durable(self, line: bytes) -> None:
         """Write and flush inline (startup recovery, before the flusher runs).

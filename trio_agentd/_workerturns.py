@@ -284,8 +284,12 @@ class TurnRunner:
         if not data:
             return
         # (a full acquire, a checkpoint: an agent that yields output without ever awaiting
-        # anything still lets the rest of the worker run between its chunks)
-        await running.lock.acquire()
+        # anything still lets the rest of the worker run between its chunks; a turn's first
+        # chunk, nothing before it to be fair to, takes a free lock without one)
+        if running.outputs[STDOUT].size or running.outputs[STDERR].size:
+            await running.lock.acquire()
+        else:
+            await _acquire(running.lock)
         try:
             output = running.outputs[stream]
             at = output.size
@@ -462,8 +466,10 @@ class TurnRunner:
         if self.journal is not None:
             if seq:  # (0: it never ran, and its client is told so; nothing to wait for)
                 try:
-                    with trio.CancelScope(shield=True):
-                        await self.journal.sync(seq, inline=self._alone())
+                    inline = self._alone()
+                    if not self.journal.synced(seq, inline=inline):  # else: no wait, no scope
+                        with trio.CancelScope(shield=True):
+                            await self.journal.sync(seq, inline=inline)
                 except AgentdError as exc:
                     running.error = _ran(exc)  # the turn ran; its outcome is kept
             if self.journal.wants_compaction():
@@ -500,7 +506,7 @@ class TurnRunner:
             session_dir=self.transcript.dir if self.transcript else self.cwd,
             on_group=functools.partial(self._on_group, k) if journal is not None else None,
         )
-        out_dir = self.transcript.dir / "output" if self.transcript else None
+        out_dir = self.transcript.output_dir if self.transcript else None
         output = running.outputs[STDOUT] = TurnOutput(out_dir / f"{turn}.out" if out_dir else None)
         errors = running.outputs[STDERR] = TurnOutput(
             out_dir / f"{turn}.err" if out_dir else None, STDERR

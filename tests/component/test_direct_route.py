@@ -177,7 +177,12 @@ class SupervisorEnd:
     async def pump(self) -> None:
         with self._scope:
             while True:
-                msg = await self.ms.receive()
+                try:
+                    msg = await self.ms.receive()
+                except trio.ClosedResourceError:
+                    if self._scope.cancel_called:
+                        return  # close() closed it under a receive already woken by data
+                    raise
                 self.log.append((trio.current_time(), msg))
                 self.changed.set()
                 self.changed = trio.Event()

@@ -104,6 +104,17 @@ def test_parse_skips_a_bad_line_and_keeps_the_rest(junk: bytes) -> None:
     assert list(state.accepted) == [("c", "1")]
 
 
+def test_parse_takes_what_only_json_decodes_a_prompt_that_is_not_utf8() -> None:
+    # a surrogate-escaped prompt is written as a lone-surrogate escape, which msgspec refuses
+    text = b"caf\xe9".decode(errors="surrogateescape")
+    line = j.accepted("c", 1, "prompt", {"text": text})
+    assert b"\\udce9" in line
+    state = parse(line + j.completed("c", 1, {"reply": text}) + b'{"kind":"started","id":NaN}\n')
+    assert state.accepted[("c", "1")]["args"] == {"text": text}
+    assert state.completed == {("c", "1"): {"reply": text}}
+    assert state.skipped_lines == 0  # NaN too: json takes it, as it always did
+
+
 def test_parse_ignores_blank_lines() -> None:
     data = b"\n  \n" + j.accepted("c", 1, "p", {}) + b"\n\n"
     state = parse(data)

@@ -266,3 +266,19 @@ def test_a_full_disk_loses_log_lines_quietly_and_the_next_line_counts_them(
     captured = capsys.readouterr()
     assert "Logging error" not in captured.err + captured.out
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_a_transcript_line_keeps_its_text_as_utf8_and_a_non_utf8_prompt_as_escapes(
+    tmp_path: Path,
+) -> None:
+    t = Transcript(tmp_path)
+    t.append({"kind": "turn", "turn": 1, "prompt": "héllo ✓", "client_id": "c", "id": "1"})
+    t.append({"kind": "turn", "turn": 2, "prompt": b"caf\xe9".decode(errors="surrogateescape"),
+              "client_id": "c", "id": "2"})
+    t.close()
+    lines = (tmp_path / "transcript.jsonl").read_bytes().splitlines()
+    assert '"prompt":"héllo ✓"'.encode() in lines[0]  # UTF-8, not \u escapes
+    assert b'"prompt":"caf\\udce9"' in lines[1]  # not UTF-8: an escape, as before
+    assert [r["prompt"] for r in history(tmp_path) if r["kind"] == "turn"] == [
+        "héllo ✓", "caf\udce9"]
+    assert Transcript(tmp_path).turns == 2

@@ -1,0 +1,224 @@
+"""What one prompt costs the scheduler, on MockClock: the trips through Trio's run loop a
+sequential prompt makes in the worker and in the client, counted by an instrument. Each trip is
+a pass of the run loop (an ``epoll_wait``); a prompt that needs none of its own must not take
+one. Counts only: figures belong to the benchmarks.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import trio
+import trio.testing
+
+from tests.component.test_direct_route import World, grant, reply
+from trio_agentd._client import _Connection
+from trio_agentd._errors import AgentdError
+from trio_agentd._protocol import Response, encode
+from trio_agentd._stream import MessageStream
+from trio_agentd._workerjournal import Journal
+from trio_agentd.testing import memory_stream_pair
+
+pytestmark = [pytest.mark.timeout(10)]
+
+
+def _trio_framed(stream: trio.abc.Stream) -> Any:
+    """The client's framing over an in-memory Trio stream: :class:`._stream.MessageStream` has
+    the methods the client's connection calls (``receive``, ``send``, ``aclose``)."""
+    return MessageStream(stream)
+
+
+class Steps(trio.abc.Instrument):
+    """Scheduler steps per task (by the name of its function)."""
+
+    def __init__(self) -> None:
+        self.steps: collections.Counter[str] = collections.Counter()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task.name.rsplit(".", 1)[-1]] += 1
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    j = Journal(tmp_path / "journal" / "s1.jsonl")
+    yield j
+    j.close()
+
+
+@pytest.mark.usefixtures("no_worker_errors")
+async def test_an_idle_sessions_one_chunk_turn_runs_in_one_step_and_flushes_once(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, journal: Journal
+) -> None:
+    w = World(nursery, journal=journal)
+    await w.start()
+    await w.supervisor(w.owner("g1", 100))
+    client = await w.attached(grant("g1"))
+    await client.send(1, "prompt", text="warm", stream=False)
+    assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] warm\n"))
+
+    steps = Steps()
+    flushes = journal.flushes
+    trio.lowlevel.add_instrument(steps)
+    try:
+        await client.send(2, "prompt", text="hello", stream=False)
+        events, response = await client.until_response()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert (events, response) == ([], reply(2, 2, "[echo turn 2] hello\n"))
+    # the turn's first (and only) chunk takes its free lock without a checkpoint, and the
+    # outcome's inline flush needs no wait (so no shielded scope around one): one step
+    assert steps.steps["_execute"] == 1
+    # one fdatasync covers the turn's accepted, started and completed records
+    assert journal.flushes == flushes + 1
+    assert [line.split(b'"kind":"')[1].split(b'"')[0]
+            for line in journal.path.read_bytes().splitlines()[-3:]] == [
+        b"accepted", b"started", b"completed"]
+
+
+def test_synced_flushes_inline_when_nothing_else_does(journal: Journal) -> None:
+    seq = journal.append(b'{"kind":"started","client_id":"c","id":1}\n')
+    assert journal.synced(seq) is True  # no flusher runs: flushed here
+    assert journal.flushes == 1
+    assert journal.synced(seq) is True  # durable already: no second flush
+    assert journal.flushes == 1
+
+
+async def test_synced_leaves_a_flush_in_progress_to_the_flusher(
+    nursery: trio.Nursery, journal: Journal, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    flushing = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+    real = os.fdatasync
+
+    def slow(fd: int) -> None:  # the flusher's flush, in its thread, until released
+        token.run_sync_soon(flushing.set)
+        release.wait(5.0)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    nursery.start_soon(journal.run_flusher)
+    await trio.testing.wait_all_tasks_blocked()
+    assert journal._flusher_running
+    first = journal.append(b'{"kind":"started","client_id":"c","id":1}\n')
+    done = trio.Event()
+
+    async def wait_first() -> None:
+        await journal.sync(first)
+        done.set()
+
+    nursery.start_soon(wait_first)
+    with trio.fail_after(5.0):
+        await flushing.wait()
+    assert journal._flushing
+    second = journal.append(b'{"kind":"started","client_id":"c","id":2}\n')
+    # a flush is under way: waiting is the flusher's business, even for an inline caller
+    assert journal.synced(second, inline=True) is False
+    assert journal.flushes == 0
+    release.set()
+    with trio.fail_after(5.0):
+        await done.wait()
+        await journal.sync(second)
+    assert journal.synced(second, inline=True) is True
+
+
+def test_synced_leaves_a_backlog_to_sync(journal: Journal) -> None:
+    journal.backlog.append(b'{"kind":"started","client_id":"c","id":1}\n')
+    seq = journal.append(b'{"kind":"started","client_id":"c","id":2}\n')
+    assert journal.backlog == []  # (the append wrote it first)
+    journal.backlog.append(b'{"kind":"started","client_id":"c","id":3}\n')
+    # sync writes the backlog and waits for it too: synced leaves that to it
+    assert journal.synced(seq) is False
+    assert journal.backlog != []
+
+
+def test_synced_raises_for_a_record_whose_flush_failed(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    seq = journal.append(b'{"kind":"started","client_id":"c","id":1}\n')
+
+    def failing(_fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with caplog.at_level(logging.ERROR, "trio_agentd.worker"), pytest.raises(AgentdError) as info:
+        journal.synced(seq)
+    assert info.value.code == "storage_error"
+    assert "a write or flush failed: EIO" in caplog.text
+
+
+async def _reader_steps(nursery: trio.Nursery, responses: int) -> int:
+    """The reader's steps to hand over ``responses`` responses that arrive in one read."""
+    ours, theirs = memory_stream_pair()
+    conn = _Connection(_trio_framed(ours), None)
+    receivers = []
+    for rid in range(1, responses + 1):
+        send, recv = anyio.create_memory_object_stream[Response](4)
+        conn.pending[rid] = send  # type: ignore[assignment]
+        receivers.append(recv)
+    await theirs.send_all(b"".join(encode(Response(id=rid, ok=True, result=rid))
+                                   for rid in range(1, responses + 1)))
+    steps = Steps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        nursery.start_soon(conn.run_reader)
+        got = [await recv.receive() for recv in receivers]
+        await trio.testing.wait_all_tasks_blocked()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert [r.result for r in got] == list(range(1, responses + 1))
+    await theirs.aclose()
+    for recv in receivers:
+        recv.close()
+    return steps.steps["run_reader"]
+
+
+async def test_the_client_reader_hands_a_burst_of_responses_over_without_a_step_each(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    # a channel with room takes its response at once: no trip through the scheduler each
+    assert await _reader_steps(nursery, 4) == await _reader_steps(nursery, 1)
+
+
+async def test_the_client_reader_still_waits_for_a_full_channel(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    ours, theirs = memory_stream_pair()
+    conn = _Connection(_trio_framed(ours), None)
+    send, recv = anyio.create_memory_object_stream[Response](1)
+    conn.pending[1] = send  # type: ignore[assignment]
+    await theirs.send_all(b"".join(encode(Response(id=1, ok=True, result=n)) for n in range(3)))
+    nursery.start_soon(conn.run_reader)
+    await trio.testing.wait_all_tasks_blocked()
+    # backpressure: the reader holds the rest until the consumer reads (nothing dropped)
+    assert [await recv.receive() for _ in range(3)] == [
+        Response(id=1, ok=True, result=n) for n in range(3)]
+    await theirs.aclose()
+    recv.close()
+
+
+async def test_an_attached_session_gets_its_connection_without_the_attach_lock(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    from trio_agentd._client import Client
+    from trio_agentd._paths import Layout
+    from trio_agentd.timing import DEFAULT_TIMING
+
+    client = Client(nursery, Layout(home="/h", socket="/s/d.sock", registry="/r"),
+                    DEFAULT_TIMING, autostart=False)
+    ours, _theirs = memory_stream_pair()
+    conn = _Connection(_trio_framed(ours), None, route={"session": "s1"})
+    client._direct["s1"] = conn
+    async with client._attach_lock:  # another prompt is attaching a session meanwhile
+        with trio.move_on_after(1.0):
+            assert await client._attached("s1", {"session": "s1"}) is conn
+            return
+    pytest.fail("the attached session waited for the attach lock")
