@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._doctor import Found, survey
 from ._doctor_plan import PROBLEMS, Repair, Status, Step, plan_repair, remedy
 from ._doctor_repair import Outcome, RealHooks, execute

@@ -9,10 +9,10 @@ imports trio.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import Layout
 from ._sessionid import SESSION_ID_RULE, is_session_id

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import trio_agentd
 from trio_agentd._doctor import utc_epoch
 from trio_agentd._doctor_plan import Hello, Status, Verdict
 from trio_agentd._ownership import OwnerRecord, Phase
@@ -102,13 +105,16 @@ def test_peer_uid_is_ours() -> None:
         assert peer_uid(a) == os.getuid()
 
 
-def test_the_warm_prompt_imports_only_json_beyond_the_interpreter() -> None:
-    """What ``trio-agentd -p`` loads besides the package: json, and the socket module's C
-    half (the console script itself loads ``re``)."""
-    code = ("import sys, re; before = set(sys.modules); import trio_agentd.cli, "
-            "trio_agentd._syncclient, trio_agentd._identity; print(sorted(m for m in "
+def test_the_warm_prompt_imports_only_enum_and_c_modules_beyond_the_interpreter() -> None:
+    """What ``trio-agentd -p`` loads besides the package and what site loads: ``enum`` (the
+    error codes) and what it needs, and two C modules (the JSON accelerator, the socket
+    module's C half): no ``re``, no ``json``. ``-S``: without site (an editable install's
+    import hook loads ``re``)."""
+    env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1])}
+    code = ("import sys; before = set(sys.modules); {}; print(sorted(m for m in "
             "set(sys.modules) - before if not m.startswith('trio_agentd')))")
-    out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == str(
-        ["_json", "_socket", "json", "json.decoder", "json.encoder", "json.scanner"])
+    warm = "import trio_agentd.cli, trio_agentd._syncclient, trio_agentd._identity"
+    loaded = [ast.literal_eval(subprocess.run(
+        [sys.executable, "-S", "-c", code.format(imports)], capture_output=True, text=True,
+        check=True, env=env).stdout) for imports in ("import __future__, enum, os", warm)]
+    assert sorted(set(loaded[1]) - set(loaded[0])) == ["_json", "_socket"]
