@@ -54,7 +54,8 @@ def test_owner_record_round_trips_and_changes_phase() -> None:
 def test_ps_imports_no_dataclasses_pathlib_socket_or_signal() -> None:
     """What ps and doctor load: each of these costs more than the rest of a ps (modules the
     interpreter had loaded before, as an editable install's import hook does, do not count)."""
-    code = ("import sys; before = set(sys.modules); from trio_agentd import _report, cli; "
+    code = ("import sys; before = set(sys.modules);"
+            " from trio_agentd import _cli_look, _report, cli; "
             "print(sorted(m for m in ('dataclasses', 'pathlib', 'socket', 'signal', 'inspect',"
             " 'datetime', 'hashlib', 'platformdirs', 'typing') if m in set(sys.modules) - before))")
     out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True, text=True,
@@ -113,7 +114,8 @@ def test_the_warm_prompt_imports_only_enum_and_c_modules_beyond_the_interpreter(
     env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1])}
     code = ("import sys; before = set(sys.modules); {}; print(sorted(m for m in "
             "set(sys.modules) - before if not m.startswith('trio_agentd')))")
-    warm = "import trio_agentd.cli, trio_agentd._syncclient, trio_agentd._identity"
+    warm = ("import trio_agentd.cli, trio_agentd._cli_prompt, trio_agentd._syncclient,"
+            " trio_agentd._identity")
     loaded = [ast.literal_eval(subprocess.run(
         [sys.executable, "-S", "-c", code.format(imports)], capture_output=True, text=True,
         check=True, env=env).stdout) for imports in ("import __future__, enum, os", warm)]
