@@ -1,4 +1,5 @@
-"""The ``trio-agentd`` command line: the only place that calls ``trio.run`` and picks exit codes.
+"""The ``trio-agentd`` command line. It and the ``_cli_*`` modules beside it are the only place
+that calls ``trio.run`` (the ``daemon`` command) and picks exit codes.
 
 This module reads the command line and runs one command; the pieces live beside it, one job
 each: :mod:`._cli_args` (the warm paths' parsing, without argparse), :mod:`._cli_parser` (the
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The ``trio-agentd`` command: :func:`run`, then the process ends with its status."""
     exit_now(run(list(sys.argv[1:] if argv is None else argv)))
 
 
