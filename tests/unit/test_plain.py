@@ -51,15 +51,18 @@ def test_owner_record_round_trips_and_changes_phase() -> None:
     assert b'"phase": "stopping"' in later.to_json()
 
 
-def test_ps_imports_no_dataclasses_pathlib_socket_or_signal() -> None:
+def test_ps_imports_no_dataclasses_pathlib_socket_signal_json_or_repairs() -> None:
     """What ps and doctor load: each of these costs more than the rest of a ps (modules the
-    interpreter had loaded before, as an editable install's import hook does, do not count)."""
+    interpreter had loaded before do not count); the repairs only with ``--fix``."""
     code = ("import sys; before = set(sys.modules);"
             " from trio_agentd import _cli_look, _report, cli; "
             "print(sorted(m for m in ('dataclasses', 'pathlib', 'socket', 'signal', 'inspect',"
-            " 'datetime', 'hashlib', 'platformdirs', 'typing') if m in set(sys.modules) - before))")
-    out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True, text=True,
-                         check=True)
+            " 'datetime', 'hashlib', 'platformdirs', 'typing', 'json', 're',"
+            " 'trio_agentd._doctor_repair') if m in set(sys.modules) - before))")
+    # -S: without site (an editable install's import hook loads re)
+    env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
     assert out.stdout.strip() == "[]"
 
 
