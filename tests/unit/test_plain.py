@@ -123,3 +123,21 @@ def test_the_warm_prompt_imports_only_enum_and_c_modules_beyond_the_interpreter(
         [sys.executable, "-S", "-c", code.format(imports)], capture_output=True, text=True,
         check=True, env=env).stdout) for imports in ("import __future__, enum, os", warm)]
     assert sorted(set(loaded[1]) - set(loaded[0])) == ["_json", "_socket"]
+
+
+def test_the_process_scan_imports_no_pathlib_or_re(tmp_path: Path) -> None:
+    """The scan runs whenever an unnamed socket of ours listens (another program's, often):
+    it must not bring in pathlib and, with it, re, fnmatch and urllib."""
+    (tmp_path / "run").mkdir(mode=0o700)
+    code = ("import sys; from trio_agentd import _doctor; from trio_agentd._paths import Layout;"
+            " before = set(sys.modules);"
+            f" _doctor.survey(Layout(home={str(tmp_path / 'h')!r},"
+            f" socket={str(tmp_path / 's' / 'd.sock')!r}, registry={str(tmp_path / 'r')!r}),"
+            " scan=True);"
+            " print(sorted(m for m in ('pathlib', 're', 'json')"
+            " if m in set(sys.modules) - before))")
+    env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1]),
+           "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
+    assert out.stdout.strip() == "[]"
