@@ -35,11 +35,13 @@ class NotInstalled(RuntimeError):
 
 
 def source_hash() -> str:
-    """Hash of every file ``pip install .`` reads: the package, ``pyproject.toml``, README."""
+    """Hash of every file ``pip install .`` reads: the package, ``pyproject.toml``, README and
+    the installed command (``scripts/``)."""
     h = hashlib.sha256()
     files = sorted(p for p in (REPO / "trio_agentd").rglob("*")
                    if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
-    for p in [REPO / "pyproject.toml", REPO / "README.md", *files]:
+    scripts = sorted(p for p in (REPO / "scripts").glob("*") if p.is_file())
+    for p in [REPO / "pyproject.toml", REPO / "README.md", *scripts, *files]:
         h.update(str(p.relative_to(REPO)).encode() + b"\0")
         h.update(p.read_bytes() + b"\0")
     return h.hexdigest()[:16]

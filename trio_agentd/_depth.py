@@ -8,13 +8,13 @@ re-encoding). Readers refuse a frame deeper than :data:`MAX_DEPTH` before parsin
 
 from __future__ import annotations
 
-import re
 from itertools import accumulate
 
 MAX_DEPTH = 64  # levels of arrays and objects in a frame (the message object itself is one)
 
-# a JSON string, escapes included (linear: no nested quantifiers over the same characters)
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# a JSON string, escapes included (linear: no nested quantifiers over the same characters);
+# compiled on the first deep frame: ``re`` costs a warm prompt more than its round trip
+_JSON_STRING = rb'"[^"\\]*(?:\\.[^"\\]*)*"'
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 _STEP = [0] * 256
 for _c in b"[{":
@@ -35,5 +35,7 @@ def nesting_depth(line: bytes) -> int:
     openers = line.count(b"[") + line.count(b"{")
     if openers <= MAX_DEPTH:
         return openers
-    structure = _JSON_STRING.sub(b"", line).translate(None, _NOT_BRACKETS)
+    import re
+
+    structure = re.sub(_JSON_STRING, b"", line, flags=re.DOTALL).translate(None, _NOT_BRACKETS)
     return max(accumulate(map(_STEP.__getitem__, structure)), default=0)

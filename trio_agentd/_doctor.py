@@ -157,7 +157,7 @@ def survey(
     if scan is None:
         scan = scan_reason([f.verdict.status for f in found], listeners) is not None
     if scan:
-        scanned = {normalize_socket_path(s) for s in scanned_sockets(layout.home)}
+        scanned = {normalize_socket_path(s) for s in scanned_sockets(layout.home_dir)}
         rest = scanned - set(named) - more
         if rest:
             found += _classified(sorted(rest), layout, timing, records, descs)

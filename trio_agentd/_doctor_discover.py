@@ -6,11 +6,11 @@ lines of this user's running supervisors. Local reads only, no connection.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat as _stat
 
 from . import _fs
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._doctor_plan import (
     Record,
 )

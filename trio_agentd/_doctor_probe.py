@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import _socket
 import errno
-import json
 import os
 import time
 
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._defaults import CLIENT, ClientTiming
 from ._doctor_discover import read_descriptors, read_records
 from ._doctor_plan import (

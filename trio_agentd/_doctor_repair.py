@@ -5,11 +5,11 @@ pass their own), and stopping the workers a dead supervisor left behind.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 
 from . import _fs
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._defaults import (
     ADMISSION_POLL_INTERVAL,
     ADMISSION_WAIT,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
+
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ liveness cannot be known — is a conflict; records of dead processes are moved 
 from __future__ import annotations
 
 import enum
-import json
 
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._plain import Frozen, replace
 from ._procstate import Liveness
 

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._doctor import Found, survey
 from ._doctor_plan import PROBLEMS, Repair, Status, Step, plan_repair, remedy
-from ._doctor_repair import Outcome, RealHooks, execute
 from ._paths import Layout
 from ._text import printable
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:
     from typing import Any
+
+    from ._doctor_repair import Outcome
 
 _COLOURS = {
     Status.CURRENT: "32",
@@ -87,6 +88,8 @@ def run_doctor(layout: Layout, *, fix: bool, dry_run: bool, as_json: bool) -> bo
     outcomes: dict[str, Outcome] = {}
     log_lines: list[str] = []
     if fix:
+        from ._doctor_repair import RealHooks, execute  # only --fix repairs: ps and doctor don't
+
         hooks = RealHooks(layout).hooks()
         for f, repair in plans:
             if repair is None:

@@ -8,10 +8,10 @@ event loop. Trio programs use :func:`trio_agentd.open_client` instead.
 from __future__ import annotations
 
 import _socket  # not socket: its import (enum conversions) costs a warm prompt ~10 %
-import json
 import os
 import time
 
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._defaults import CLIENT, GRANT_MARGIN, RESEND_DELAY, RESEND_DELAY_MAX, ClientTiming
 from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import Layout, check_socket_path

@@ -9,9 +9,9 @@ through this, and the client starts one through autostart.
 from __future__ import annotations
 
 import _socket  # not socket: its import (enum conversions) costs a warm prompt ~10 %
-import json
 import os
 
+from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
 from ._defaults import CLIENT, ClientTiming
 from ._depth import MAX_DEPTH, nesting_depth
 from ._errors import AgentdError, ErrorCode, not_accepting

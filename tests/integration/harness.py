@@ -20,6 +20,6 @@ from trio_agentd.testing._daemon import wait_for as wait_for
 def failure_status(cp: subprocess.CompletedProcess[Any]) -> int:
     """The exit status the CLI gives when trio-agentd itself fails: 125 for a prompt (never
     confused with an agent's own status), 1 for every other command."""
-    from trio_agentd.cli import EXIT_FAIL, EXIT_OWN
+    from trio_agentd._cli_exit import EXIT_FAIL, EXIT_OWN
 
     return EXIT_OWN if "-p" in cp.args or "prompt" in cp.args else EXIT_FAIL

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_agentd.cli import EXIT_OWN
+from trio_agentd._cli_exit import EXIT_OWN
 
 from .harness import DaemonEnv, daemon_env, wait_for
 

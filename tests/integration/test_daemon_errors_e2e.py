@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from trio_agentd.cli import EXIT_FAIL
+from trio_agentd._cli_exit import EXIT_FAIL
 from trio_agentd.timing import TEST_CLI_TIMEOUT
 
 from .harness import DaemonEnv

@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from trio_agentd import open_client
-from trio_agentd.cli import EXIT_OWN
+from trio_agentd._cli_exit import EXIT_OWN
 
 from .harness import DaemonEnv
 

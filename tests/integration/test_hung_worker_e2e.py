@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from trio_agentd._cli_exit import EXIT_OWN
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._paths import Layout
 from trio_agentd._syncclient import SyncClient
-from trio_agentd.cli import EXIT_OWN
 
 from .harness import DaemonEnv, daemon_env, wait_for
 

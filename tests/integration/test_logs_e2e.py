@@ -11,7 +11,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from trio_agentd.cli import EXIT_OWN
+from trio_agentd._cli_exit import EXIT_OWN
 
 from .harness import DaemonEnv, failure_status, wait_for
 

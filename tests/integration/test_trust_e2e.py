@@ -17,7 +17,7 @@ import trio
 
 import trio_agentd
 from trio_agentd import AgentdError
-from trio_agentd.cli import EXIT_OWN
+from trio_agentd._cli_exit import EXIT_OWN
 
 from .harness import DaemonEnv, wait_for
 

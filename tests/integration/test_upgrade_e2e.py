@@ -26,9 +26,9 @@ import pytest
 import trio
 
 import trio_agentd
+from trio_agentd._cli_exit import EXIT_OWN
 from trio_agentd._identity import is_alive
 from trio_agentd._version import APP_VERSION, PROTOCOL_VERSION
-from trio_agentd.cli import EXIT_OWN
 
 from .harness import DaemonEnv, wait_for
 

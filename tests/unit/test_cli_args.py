@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trio_agentd._cli_args import (
+    PromptArgs,
+    UsageError,
+    command_index,
+    parse_globals,
+    parse_prompt_args,
+    rewrite,
+)
 from trio_agentd._errors import AgentdError
 from trio_agentd._session import check_session_id
 from trio_agentd._sessionid import SESSION_ID_RULE, is_session_id
-from trio_agentd.cli import (
-    PromptArgs,
-    UsageError,
-    _command_index,
-    _parse_globals,
-    _rewrite,
-    parse_prompt_args,
-)
 
 
 def parse(*words: str, tty: bool = True) -> PromptArgs:
@@ -124,12 +124,12 @@ def test_help_anywhere_before_double_dash() -> None:
 
 
 def test_rewrite_and_command_index_find_the_prompt_words() -> None:
-    argv = _rewrite(["--socket", "/s", "-p", "hello", "-s", "other"])
-    at = _command_index(argv)
+    argv = rewrite(["--socket", "/s", "-p", "hello", "-s", "other"])
+    at = command_index(argv)
     assert argv[at] == "prompt"
     assert argv[at + 1 :] == ["hello", "-s", "other"]
-    argv = _rewrite(["-v", "--home", "/h", "prompt", "x"])
-    assert argv[_command_index(argv)] == "prompt"
+    argv = rewrite(["-v", "--home", "/h", "prompt", "x"])
+    assert argv[command_index(argv)] == "prompt"
 
 
 @pytest.mark.parametrize("good", ["a", "default", "A.b_c-d", "0", "x" * 64, "s1"])
@@ -162,13 +162,13 @@ def test_session_id_rule_matches_its_description(value: str) -> None:
 
 def test_globals_before_dash_p_fill_only_what_after_did_not_set() -> None:
     got = parse("hi", "--socket", "/late")
-    assert _parse_globals(["--socket", "/early", "--home=/h", "-v"], got)
+    assert parse_globals(["--socket", "/early", "--home=/h", "-v"], got)
     assert (got.socket, got.home, got.verbose) == ("/late", "/h", True)
     got = parse("hi")
-    assert _parse_globals(["--daemon-socket=/d"], got)
+    assert parse_globals(["--daemon-socket=/d"], got)
     assert got.socket == "/d"
 
 
 @pytest.mark.parametrize("words", [["-h"], ["--socket"], ["--bogus"], ["-v", "--home"]])
 def test_anything_else_before_dash_p_is_left_to_argparse(words: list[str]) -> None:
-    assert not _parse_globals(words, parse("hi"))
+    assert not parse_globals(words, parse("hi"))

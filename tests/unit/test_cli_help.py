@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_agentd import cli
+from trio_agentd import _cli_exit, _cli_parser, cli
 from trio_agentd._version import PROTOCOL_VERSION
 
 
@@ -26,7 +26,7 @@ def _choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPars
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    found = _choices(cli._parser())
+    found = _choices(_cli_parser.build_parser())
     assert found, "no subcommands"
     return found
 
@@ -40,12 +40,12 @@ NESTED = {f"{name} {action}": sub for name, parser in SUBPARSERS.items()
 def test_version_names_the_installed_package_and_the_protocol(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.run(["--version"]) == cli.EXIT_OK
+    assert cli.run(["--version"]) == _cli_exit.EXIT_OK
     assert capsys.readouterr().out == (
         f"trio-agentd {version('trio-agentd')} (protocol {PROTOCOL_VERSION})\n")
     # after global options too, and argparse's way gives the same
-    assert cli.run(["--home", "/tmp/x", "--version"]) == cli.EXIT_OK
-    assert cli.run(["-v", "--version", "ps"]) == cli.EXIT_OK
+    assert cli.run(["--home", "/tmp/x", "--version"]) == _cli_exit.EXIT_OK
+    assert cli.run(["-v", "--version", "ps"]) == _cli_exit.EXIT_OK
     assert capsys.readouterr().out.count("(protocol ") == 2
 
 
@@ -73,7 +73,7 @@ def test_version_and_ps_import_neither_trio_nor_the_parser_nor_the_config_reader
 def test_a_bare_command_prints_the_overview_and_exits_0(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.run([]) == cli.EXIT_OK
+    assert cli.run([]) == _cli_exit.EXIT_OK
     out = capsys.readouterr().out
     lines = out.splitlines()
     for name in SUBPARSERS:
@@ -98,15 +98,15 @@ def test_every_subcommand_has_a_description_and_an_example(name: str) -> None:
 
 
 def test_help_exits_0_and_shows_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.run(["logs", "--help"]) == cli.EXIT_OK
+    assert cli.run(["logs", "--help"]) == _cli_exit.EXIT_OK
     out = capsys.readouterr().out
     assert "examples:\n  trio-agentd logs build -n 3\n" in out
-    assert cli.run(["-p", "--help"]) == cli.EXIT_OK
+    assert cli.run(["-p", "--help"]) == _cli_exit.EXIT_OK
     assert "examples:\n  trio-agentd -p hello\n" in capsys.readouterr().out
 
 
 def test_agent_help_lists_every_form(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.run(["-p", "--help"]) == cli.EXIT_OK
+    assert cli.run(["-p", "--help"]) == _cli_exit.EXIT_OK
     out = capsys.readouterr().out
     agent_help = out[out.index("  --agent AGENT") : out.index("  --cwd DIR")]
     for form in ("echo", "shell", "exec:COMMAND", "module:attr"):
@@ -120,7 +120,7 @@ def test_agent_help_lists_every_form(capsys: pytest.CaptureFixture[str]) -> None
 def test_completion_scripts_know_every_subcommand(
     shell: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.run(["completion", shell]) == cli.EXIT_OK
+    assert cli.run(["completion", shell]) == _cli_exit.EXIT_OK
     script = capsys.readouterr().out
     for name in SUBPARSERS:
         assert name in script, name
@@ -133,7 +133,7 @@ def test_bash_completion_completes_a_subcommand_and_its_flags(
     bash = shutil.which("bash")
     if bash is None:
         pytest.fail("bash is needed to check the bash completion script")
-    assert cli.run(["completion", "bash"]) == cli.EXIT_OK
+    assert cli.run(["completion", "bash"]) == _cli_exit.EXIT_OK
     script = tmp_path / "trio-agentd.bash"
     script.write_text(capsys.readouterr().out)
     check = (
@@ -153,7 +153,7 @@ def test_completion_without_shtab_says_how_to_install_it(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "shtab", None)  # import shtab raises ImportError
-    assert cli.run(["completion", "bash"]) == cli.EXIT_FAIL
+    assert cli.run(["completion", "bash"]) == _cli_exit.EXIT_FAIL
     assert capsys.readouterr().err == (
         "trio-agentd: error: shell completion needs the shtab package — install it"
         " (pip install shtab) next to trio-agentd\n")
@@ -170,7 +170,7 @@ def test_config_prints_every_key_and_its_source(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.setenv("TRIO_AGENTD_LOG_BACKUPS", "3")
     monkeypatch.delenv("TRIO_AGENTD_TIMING", raising=False)
-    assert cli.run(["config", "--json"]) == cli.EXIT_OK
+    assert cli.run(["config", "--json"]) == _cli_exit.EXIT_OK
     got = json.loads(capsys.readouterr().out)
     assert (got["file"], got["file_exists"]) == (str(path), True)
     assert set(got["settings"]) == {k.name for k in _config.KEYS}
@@ -179,14 +179,14 @@ def test_config_prints_every_key_and_its_source(
     assert got["settings"]["logs.backups"] == {"value": 3,
                                                "source": "env TRIO_AGENTD_LOG_BACKUPS"}
     assert got["settings"]["limits.max_sessions"] == {"value": 1000, "source": "default"}
-    assert cli.run(["config"]) == cli.EXIT_OK
+    assert cli.run(["config"]) == _cli_exit.EXIT_OK
     table = capsys.readouterr().out.splitlines()
     assert table[0] == f"config file: {path}"
     assert table[1].split() == ["KEY", "VALUE", "FROM"]
     assert ["default_agent", '"shell"', str(path)] in [row.split() for row in table]
 
     path.write_text("[limits]\nmax_sessions = 0\n")
-    assert cli.run(["config"]) == cli.EXIT_FAIL
+    assert cli.run(["config"]) == _cli_exit.EXIT_FAIL
     err = capsys.readouterr().err
     assert err == (f"trio-agentd: error: {path}: limits.max_sessions must be a whole number"
                    " >= 1 (got 0)\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_agentd import cli
+from trio_agentd import _cli_args, _cli_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -20,7 +20,7 @@ _INVOCATION = re.compile(r"(?:^|(?<=[\s|;&(]))trio-agentd(?=\s)")
 def _subcommands() -> set[str]:
     import argparse
 
-    for action in cli._parser()._actions:
+    for action in _cli_parser.build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
             return set(action.choices)
     raise AssertionError("the parser has no subcommands")
@@ -67,20 +67,20 @@ def commands_in(line: str) -> list[list[str]]:
 def parses(words: list[str]) -> str | None:
     """``None`` if the real CLI parses ``trio-agentd WORDS``; else why not."""
     try:
-        argv = cli._rewrite(list(words))
+        argv = _cli_args.rewrite(list(words))
     except SystemExit as exc:
         return str(exc)
-    at = cli._command_index(argv)
+    at = _cli_args.command_index(argv)
     if argv[at : at + 1] == ["prompt"]:
         try:
-            got = cli.parse_prompt_args(argv[at + 1 :], stdin_is_tty=False)
-        except cli.UsageError as exc:
+            got = _cli_args.parse_prompt_args(argv[at + 1 :], stdin_is_tty=False)
+        except _cli_args.UsageError as exc:
             return str(exc)
         if got.help:
             return None
         argv = argv[: at + 1]  # the globals before -p go to argparse
     try:
-        cli._parser().parse_args(argv)
+        _cli_parser.build_parser().parse_args(argv)
     except SystemExit as exc:
         return None if exc.code in (0, None) else f"argparse refused {argv}"
     return None
@@ -149,7 +149,7 @@ def test_commands_are_read_from_shell_and_synopsis_lines(
 def _help_examples() -> list[tuple[str, list[str]]]:
     import argparse
 
-    parser = cli._parser()
+    parser = _cli_parser.build_parser()
     parsers = [("trio-agentd", parser)]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

@@ -613,7 +613,7 @@ HOSTILE_AGENT = 'exec:printf "\x1b]0;pwned\x07\u202e"'
 
 
 def test_sessions_table_escapes_every_cell(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trio_agentd import cli
+    from trio_agentd import _cli_sessions
 
     rows = [{"session": "s1", "agent": HOSTILE_AGENT, "state": "ready\x1b[2J", "pid": 12,
              "restarts": "0\x07", "turns": 1, "idle_s": 3.0}]
@@ -625,16 +625,16 @@ def test_sessions_table_escapes_every_cell(monkeypatch: pytest.MonkeyPatch) -> N
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(cli, "_client", lambda layout: _Fake())
+    monkeypatch.setattr(_cli_sessions, "new_client", lambda layout: _Fake())
     out = io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
-    assert cli._cmd_sessions(_layout(), _args(json=False)) == 0
+    assert _cli_sessions.cmd_sessions(_layout(), _args(json=False)) == 0
     text = out.getvalue()
     assert not any(ord(c) in CONTROL_CODEPOINTS for c in text.replace("\n", ""))
     assert "\\x1b]0;pwned\\x07\\u202e" in text
     out.truncate(0)
     out.seek(0)
-    assert cli._cmd_sessions(_layout(), _args(json=True)) == 0
+    assert _cli_sessions.cmd_sessions(_layout(), _args(json=True)) == 0
     assert json.loads(out.getvalue()) == rows  # JSON stays raw
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_agentd import cli
+from trio_agentd import _cli_args, _cli_parser
 
 SAME = [
     ["ps"],
@@ -43,15 +43,15 @@ TO_ARGPARSE = [
 
 @pytest.mark.parametrize("argv", SAME)
 def test_the_namespace_is_argparses(argv: list[str]) -> None:
-    at = cli._command_index(argv)
-    look = cli._look_args(argv, at)
+    at = _cli_args.command_index(argv)
+    look = _cli_args.look_args(argv, at)
     assert look is not None
-    assert vars(look) == vars(cli._parser().parse_args(argv))
+    assert vars(look) == vars(_cli_parser.build_parser().parse_args(argv))
 
 
 @pytest.mark.parametrize("argv", TO_ARGPARSE)
 def test_anything_else_goes_to_argparse(argv: list[str]) -> None:
-    assert cli._look_args(argv, cli._command_index(argv)) is None
+    assert _cli_args.look_args(argv, _cli_args.command_index(argv)) is None
 
 
 def test_ps_imports_no_argparse(tmp_path: Path) -> None:

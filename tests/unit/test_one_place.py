@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trio_agentd import _client, _protocol, _syncclient, _syncconn, _wirerules, cli
+from trio_agentd import _cli_io, _client, _protocol, _syncclient, _syncconn, _wirerules
 from trio_agentd._doctor_repair import RealHooks
 from trio_agentd._errors import AgentdError, ErrorCode, NoSupervisor, not_accepting, single_errors
 from trio_agentd._paths import Layout
@@ -69,12 +69,12 @@ def test_the_cli_takes_no_supervisor_from_the_error_type_not_its_words(
     monkeypatch.setattr(_syncclient, "SyncClient", _Refused)
     layout = Layout(home="/h", socket="/run/x.sock", registry="/r")
     _Refused.error = NoSupervisor("nobody listens on /run/x.sock")  # whatever it says
-    assert cli._client_or_none(layout) is None
+    assert _cli_io.client_or_none(layout) is None
     # a supervisor that is there but answers nothing is a failure, whatever it says
     _Refused.error = AgentdError(ErrorCode.DAEMON_UNAVAILABLE, "no supervisor answered",
                                  {"wedged": True})
     with pytest.raises(AgentdError, match="no supervisor answered"):
-        cli._client_or_none(layout)
+        _cli_io.client_or_none(layout)
 
 
 def test_a_missing_socket_dir_is_no_supervisor() -> None:

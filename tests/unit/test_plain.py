@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import trio_agentd
 from trio_agentd._doctor import utc_epoch
 from trio_agentd._doctor_plan import Hello, Status, Verdict
 from trio_agentd._ownership import OwnerRecord, Phase
@@ -48,14 +51,18 @@ def test_owner_record_round_trips_and_changes_phase() -> None:
     assert b'"phase": "stopping"' in later.to_json()
 
 
-def test_ps_imports_no_dataclasses_pathlib_socket_or_signal() -> None:
+def test_ps_imports_no_dataclasses_pathlib_socket_signal_json_or_repairs() -> None:
     """What ps and doctor load: each of these costs more than the rest of a ps (modules the
-    interpreter had loaded before, as an editable install's import hook does, do not count)."""
-    code = ("import sys; before = set(sys.modules); from trio_agentd import _report, cli; "
+    interpreter had loaded before do not count); the repairs only with ``--fix``."""
+    code = ("import sys; before = set(sys.modules);"
+            " from trio_agentd import _cli_look, _report, cli; "
             "print(sorted(m for m in ('dataclasses', 'pathlib', 'socket', 'signal', 'inspect',"
-            " 'datetime', 'hashlib', 'platformdirs', 'typing') if m in set(sys.modules) - before))")
-    out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True, text=True,
-                         check=True)
+            " 'datetime', 'hashlib', 'platformdirs', 'typing', 'json', 're',"
+            " 'trio_agentd._doctor_repair') if m in set(sys.modules) - before))")
+    # -S: without site (an editable install's import hook loads re)
+    env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
     assert out.stdout.strip() == "[]"
 
 
@@ -102,13 +109,35 @@ def test_peer_uid_is_ours() -> None:
         assert peer_uid(a) == os.getuid()
 
 
-def test_the_warm_prompt_imports_only_json_beyond_the_interpreter() -> None:
-    """What ``trio-agentd -p`` loads besides the package: json, and the socket module's C
-    half (the console script itself loads ``re``)."""
-    code = ("import sys, re; before = set(sys.modules); import trio_agentd.cli, "
-            "trio_agentd._syncclient, trio_agentd._identity; print(sorted(m for m in "
+def test_the_warm_prompt_imports_only_enum_and_c_modules_beyond_the_interpreter() -> None:
+    """What ``trio-agentd -p`` loads besides the package and what site loads: ``enum`` (the
+    error codes) and what it needs, and two C modules (the JSON accelerator, the socket
+    module's C half): no ``re``, no ``json``. ``-S``: without site (an editable install's
+    import hook loads ``re``)."""
+    env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1])}
+    code = ("import sys; before = set(sys.modules); {}; print(sorted(m for m in "
             "set(sys.modules) - before if not m.startswith('trio_agentd')))")
-    out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == str(
-        ["_json", "_socket", "json", "json.decoder", "json.encoder", "json.scanner"])
+    warm = ("import trio_agentd.cli, trio_agentd._cli_prompt, trio_agentd._syncclient,"
+            " trio_agentd._identity")
+    loaded = [ast.literal_eval(subprocess.run(
+        [sys.executable, "-S", "-c", code.format(imports)], capture_output=True, text=True,
+        check=True, env=env).stdout) for imports in ("import __future__, enum, os", warm)]
+    assert sorted(set(loaded[1]) - set(loaded[0])) == ["_json", "_socket"]
+
+
+def test_the_process_scan_imports_no_pathlib_or_re(tmp_path: Path) -> None:
+    """The scan runs whenever an unnamed socket of ours listens (another program's, often):
+    it must not bring in pathlib and, with it, re, fnmatch and urllib."""
+    (tmp_path / "run").mkdir(mode=0o700)
+    code = ("import sys; from trio_agentd import _doctor; from trio_agentd._paths import Layout;"
+            " before = set(sys.modules);"
+            f" _doctor.survey(Layout(home={str(tmp_path / 'h')!r},"
+            f" socket={str(tmp_path / 's' / 'd.sock')!r}, registry={str(tmp_path / 'r')!r}),"
+            " scan=True);"
+            " print(sorted(m for m in ('pathlib', 're', 'json')"
+            " if m in set(sys.modules) - before))")
+    env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1]),
+           "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
+    assert out.stdout.strip() == "[]"
