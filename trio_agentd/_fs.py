@@ -29,6 +29,16 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (a short write is retried, not ignored)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
     path = os.fspath(path)
@@ -37,7 +47,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:
-            os.write(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)

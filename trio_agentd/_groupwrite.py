@@ -25,7 +25,7 @@ from collections.abc import Callable
 import trio
 
 from . import _fs
-from ._storage import write_all
+from ._fs import write_all
 
 log = logging.getLogger("trio_agentd.groupwrite")
 

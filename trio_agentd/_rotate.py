@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _defaults
+from ._fs import write_all
 from ._storage import errno_name
 
 ENV_MAX_BYTES = "TRIO_AGENTD_LOG_MAX_BYTES"
@@ -122,11 +123,11 @@ class RotatingLog(logging.Handler):
                 note = (f"{logging.Formatter().formatTime(record)} {self._lost} log line(s)"
                         f" lost: {self._lost_cause}\n").encode()
                 self._maybe_rotate(len(note) + len(data))
-                _write_all(self._fd, note)
+                write_all(self._fd, note)
                 self._lost, self._lost_cause = 0, ""
             else:
                 self._maybe_rotate(len(data))
-            _write_all(self._fd, data)
+            write_all(self._fd, data)
         except OSError as exc:
             self._lost += 1
             self._lost_cause = f"{errno_name(exc)} writing {self.path} ({exc.strerror or exc})"
@@ -167,7 +168,3 @@ def _identity(fd: int) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

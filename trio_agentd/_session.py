@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from . import _fs, _storage
+from . import _fs
 from ._errors import AgentdError, ErrorCode
 from ._rotate import Limits
 from ._sessionid import SESSION_ID_RULE, is_session_id
@@ -135,7 +135,7 @@ class Transcript:
                 self._rotate()
                 continue
             try:
-                _storage.write_all(self._fd, self.pending[0])
+                _fs.write_all(self._fd, self.pending[0])
             except OSError:
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, start)

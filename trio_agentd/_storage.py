@@ -50,16 +50,6 @@ def storage_error(
     )
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """``os.write`` until every byte is written (a short write is retried, not ignored)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[n:]
-
-
 async def retried(
     fn: Callable[[], T],
     *,

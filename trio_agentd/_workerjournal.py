@@ -14,7 +14,8 @@ import trio
 
 from . import _fs, _journal
 from ._errors import AgentdError
-from ._storage import errno_name, storage_error, write_all
+from ._fs import write_all
+from ._storage import errno_name, storage_error
 
 log = logging.getLogger("trio_agentd.worker")
 

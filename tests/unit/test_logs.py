@@ -234,14 +234,14 @@ def test_a_full_disk_loses_log_lines_quietly_and_the_next_line_counts_them(
 ) -> None:
     import errno
 
-    from trio_agentd import _rotate
+    from trio_agentd import _fs, _rotate
 
     path = tmp_path / "worker.log"
     handler = RotatingLog(path, Limits(0, 0))
     logger = logging.getLogger("test.fulldisk")
     logger.propagate = False
     logger.addHandler(handler)
-    real = _rotate._write_all
+    real = _fs.write_all
     full = True
 
     def write(fd: int, data: bytes) -> None:
@@ -249,7 +249,7 @@ def test_a_full_disk_loses_log_lines_quietly_and_the_next_line_counts_them(
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(_rotate, "_write_all", write)
+    monkeypatch.setattr(_rotate, "write_all", write)
     try:
         logger.warning("before 1")
         logger.warning("before 2")
