@@ -87,14 +87,28 @@ class _Conn:
             # the event's bytes follow its frame, unencoded
             if not 0 < raw <= MAX_FRAME or not isinstance(frame.get("event"), dict):
                 raise _Malformed(ErrorCode.INTERNAL, "daemon sent a malformed raw event")
-            while len(self.buf) < raw:
-                chunk = self.sock.recv(max(_RECV_SIZE, raw - len(self.buf)))
-                if not chunk:
-                    return None
-                self.buf += chunk
-            frame["event"]["data"] = bytes(self.buf[:raw])
-            del self.buf[:raw]
+            data = self._receive_payload(raw)
+            if data is None:
+                return None
+            frame["event"]["data"] = data
         return frame
+
+    def _receive_payload(self, size: int) -> bytes | None:
+        """The ``size`` bytes after a raw event's frame, read straight into a buffer of their
+        own, not through ``buf`` (one copy, into the ``bytes`` the event's readers take);
+        ``None`` if the connection ended first."""
+        data = bytearray(size)
+        have = min(len(self.buf), size)
+        if have:
+            data[:have] = self.buf[:have]
+            del self.buf[:have]
+        with memoryview(data) as view:
+            while have < size:
+                got = self.sock.recv_into(view[have:])
+                if not got:
+                    return None
+                have += got
+        return bytes(data)
 
     def send(self, obj: dict[str, Any], timeout: float | None = None) -> None:
         self.sock.settimeout(timeout)
