@@ -15,7 +15,7 @@ record grows with it. ``bytes`` and ``stderr_bytes`` give each stream's size.
 Zero copy (Linux): once a stream is in its file, output an agent leaves in its pipe
 (:class:`~trio_agentd.agents.Waiting`) is moved from the pipe into the file with ``splice``
 (:meth:`TurnOutput.take`) and sent from the file to a raw peer with ``sendfile``, in chunks of
-up to :data:`RAW_CHUNK_MAX`; the bytes never pass through Python. Where either call is missing
+:data:`RAW_CHUNK_MAX`; the bytes never pass through Python. Where either call is missing
 (:data:`ZERO_COPY` false) the same output is read and written the portable way.
 """
 
@@ -28,7 +28,9 @@ from typing import Any
 
 INLINE_MAX = 64 * 1024  # bytes of a reply kept in the records themselves
 CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 MiB frame)
-RAW_CHUNK_MAX = 1 << 20  # bytes per raw chunk sent from a file (a peer takes up to MAX_FRAME)
+RAW_CHUNK_MAX = CHUNK_MAX  # bytes per raw chunk sent from a file (what a client buffers is
+# counted in chunks, so a chunk is no bigger raw than base64)
+TAKE_MAX = 1 << 20  # bytes moved from an agent's pipe at once (the pipe's size: see widen_pipe)
 
 ZERO_COPY = hasattr(os, "splice") and hasattr(os, "sendfile")
 """Whether pipe → output file (``splice``) and output file → socket (``sendfile``) may skip
@@ -113,13 +115,13 @@ class TurnOutput:
         """
         if self._fd is None or not ZERO_COPY:
             try:
-                data = os.read(fd, min(size, RAW_CHUNK_MAX))
+                data = os.read(fd, min(size, TAKE_MAX))
             except BlockingIOError:
                 return 0, b""
             self.add(data)
             return len(data), data
         try:
-            count = os.splice(fd, self._fd, min(size, RAW_CHUNK_MAX))
+            count = os.splice(fd, self._fd, min(size, TAKE_MAX))
         except BlockingIOError:
             return 0, None
         self.size += count
