@@ -46,6 +46,7 @@ def _dict(value: object) -> dict[str, Any]:
 # waited on for room in it)
 CONNECT_RETRY_PAUSE = 0.02
 _RECV_SIZE = 1 << 18  # a whole chunk event (256 KiB of output, base64) in a few reads
+_PEEK_SIZE = 1024  # where the next frame's line ends, if it is a short one (a raw chunk's)
 
 
 class _Conn:
@@ -61,7 +62,7 @@ class _Conn:
             self._scanned = len(self.buf)
             if len(self.buf) > MAX_FRAME:
                 raise AgentdError(ErrorCode.FRAME_TOO_LARGE, "daemon sent an oversized line")
-            chunk = self.sock.recv(_RECV_SIZE)
+            chunk = self.sock.recv(self._line_size())
             if not chunk:
                 return None
             self.buf += chunk
@@ -92,6 +93,16 @@ class _Conn:
                 return None
             frame["event"]["data"] = data
         return frame
+
+    def _line_size(self) -> int:
+        """How much to read for the next frame's line: with nothing buffered, a look at what
+        is waiting finds where a line ends, so a raw payload after it is left for
+        :meth:`_receive_payload` (read once, not through ``buf``); else a big read."""
+        if self.buf:
+            return _RECV_SIZE
+        head = self.sock.recv(_PEEK_SIZE, _socket.MSG_PEEK)
+        nl = head.find(b"\n")
+        return nl + 1 if nl >= 0 else _RECV_SIZE
 
     def _receive_payload(self, size: int) -> bytes | None:
         """The ``size`` bytes after a raw event's frame, read straight into a buffer of their

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import socket
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
@@ -15,9 +16,10 @@ import trio.testing
 
 from trio_agentd import _output
 from trio_agentd._output import INLINE_MAX, RAW_CHUNK_MAX, STDERR, TAKE_MAX, TurnOutput
-from trio_agentd._protocol import Event
+from trio_agentd._protocol import Event, encode
 from trio_agentd._stream import MessageStream
-from trio_agentd.agents import ExitStatus, ShellAgent, Stderr, TurnContext, Waiting
+from trio_agentd._syncconn import _Conn
+from trio_agentd.agents import ExecAgent, ExitStatus, ShellAgent, Stderr, TurnContext, Waiting
 
 DEADLINE = 20.0  # outer bound of the test that runs a shell
 DATA = random.Random(7).randbytes(3 * TAKE_MAX + 12345)
@@ -199,18 +201,23 @@ async def test_send_event_file_of_a_cut_file_fails_with_an_os_error(
         b.close()
 
 
-async def test_a_shell_turn_offers_its_pipes_and_the_host_takes_every_byte_apart(
-    tmp_path: Path, zero_copy: bool
+SCRIPT = "cat r.bin; echo oops >&2; printf tail"
+
+
+@pytest.mark.parametrize("kind", ["shell", "exec"])
+async def test_a_turn_offers_its_pipes_and_the_host_takes_every_byte_apart(
+    tmp_path: Path, zero_copy: bool, kind: str
 ) -> None:
     (tmp_path / "r.bin").write_bytes(DATA)
-    agent = ShellAgent()
+    agent: ShellAgent | ExecAgent = (
+        ShellAgent() if kind == "shell" else ExecAgent(["/bin/sh", "-c", SCRIPT]))
     ctx = TurnContext(session_id="s1", turn=1, cwd=tmp_path, session_dir=tmp_path, pipes=True)
     outs = {False: TurnOutput(tmp_path / "1.out"), True: TurnOutput(tmp_path / "1.err", STDERR)}
     statuses: list[int] = []
     offered = 0
     try:
         with trio.fail_after(DEADLINE):
-            chunks = agent.turn("cat r.bin; echo oops >&2; printf tail", ctx)
+            chunks = agent.turn(SCRIPT, ctx)
             assert isinstance(chunks, AsyncGenerator)
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
@@ -225,10 +232,57 @@ async def test_a_shell_turn_offers_its_pipes_and_the_host_takes_every_byte_apart
                     else:
                         outs[False].add(chunk.encode() if isinstance(chunk, str) else chunk)
     finally:
-        await agent.aclose()
+        if isinstance(agent, ShellAgent):
+            await agent.aclose()
         for out in outs.values():
             out.close()
     assert offered > 0
     assert statuses == [0]
     assert (tmp_path / "1.out").read_bytes() == DATA + b"tail"
     assert outs[True].result_fields() == {"stderr": "oops\n", "stderr_bytes": 5}
+
+
+class _CountingSocket:
+    """A socket end that records how many bytes each ``recv`` and ``recv_into`` took."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.recvs: list[int] = []
+        self.recv_intos: list[int] = []
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.sock.settimeout(timeout)
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        data = self.sock.recv(size, flags)
+        if not flags & socket.MSG_PEEK:
+            self.recvs.append(len(data))
+        return data
+
+    def recv_into(self, buf: memoryview) -> int:
+        n = self.sock.recv_into(buf)
+        self.recv_intos.append(n)
+        return n
+
+
+def test_the_blocking_client_reads_a_raw_payload_past_its_frame_buffer() -> None:
+    size = 100_000  # all of it fits in the socket at once, with the next frame after it
+    header = encode(Event(id=1, event={"kind": "chunk", "at": 0}, raw=size))
+    a, b = socket.socketpair()
+    try:
+        b.sendall(header + DATA[:size] + header)
+        counted = _CountingSocket(a)
+        conn = _Conn(counted)  # type: ignore[arg-type]
+        first = conn.read_message(5.0)
+        b.sendall(DATA[:size])
+        second = conn.read_message(5.0)
+    finally:
+        a.close()
+        b.close()
+    assert first is not None
+    assert second is not None
+    assert first["event"]["data"] == DATA[:size]
+    assert second["event"]["data"] == DATA[:size]
+    # each line read alone; the payloads never went through the frame buffer
+    assert counted.recvs == [len(header), len(header)]
+    assert sum(counted.recv_intos) == 2 * size

@@ -61,13 +61,11 @@ one begins with a one-line :class:`Stderr` notice saying so.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import select
 import signal
 import socket
-import termios
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
@@ -78,7 +76,14 @@ from .._errors import AgentdError, ErrorCode
 from .._fs import atomic_write, read_bytes
 from .._identity import GroupIdentity, read_start_id
 from ._base import Chunk, ExitStatus, Stderr, TurnContext, Waiting
-from ._exec import KILL_GRACE, _spawn_error, child_environment, first_readable, widen_pipe
+from ._exec import (
+    KILL_GRACE,
+    _spawn_error,
+    available,
+    child_environment,
+    first_readable,
+    widen_pipe,
+)
 
 log = logging.getLogger("trio_agentd.agents.shell")
 
@@ -299,7 +304,7 @@ class _Shell:
             if not is_open:
                 continue
             if pipes:
-                if (count := _available(fd)) > 0:
+                if (count := available(fd)) > 0:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                     return name, Waiting(fd, count, stderr=name == "err")
             elif data := _read_some(fd):
@@ -327,7 +332,7 @@ class _Shell:
             self._read_control()
             return ("control", b"")
         name = "out" if ready == self.out_fd else "err"
-        if pipes and (count := _available(ready)) > 0:
+        if pipes and (count := available(ready)) > 0:
             return name, Waiting(ready, count, stderr=name == "err")
         data = _read_some(ready)
         if data is None:
@@ -342,7 +347,7 @@ class _Shell:
     def pending_output(self) -> Iterator[tuple[str, bytes]]:
         """What the pipes hold right now, no more: a background writer cannot keep this
         going."""
-        counts = [(name, fd, _available(fd)) for name, fd, is_open in (
+        counts = [(name, fd, available(fd)) for name, fd, is_open in (
             ("out", self.out_fd, self.out_open), ("err", self.err_fd, self.err_open)) if is_open]
         for name, fd, count in counts:
             while count > 0:
@@ -405,9 +410,6 @@ def _read_some(fd: int, size: int = _READ_SIZE) -> bytes | None:
         return None
 
 
-def _available(fd: int) -> int:
-    buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
-    return int.from_bytes(buf, "little")
 
 
 def _ticks_now() -> int:
