@@ -110,11 +110,14 @@ async def _sendfile(sock: trio.socket.SocketType, fd: int, offset: int, count: i
 
     Raises:
         trio.BrokenResourceError: the peer went away.
+        trio.ClosedResourceError: the socket was closed under us.
         OSError: the file ended early, or failed.
     """
     end = offset + count
     await trio.lowlevel.checkpoint_if_cancelled()
     while offset < end:
+        if sock.fileno() < 0:  # closed by another task (a dropped connection)
+            raise trio.ClosedResourceError("the connection was closed")
         try:
             sent = os.sendfile(sock.fileno(), fd, offset, end - offset)
         except BlockingIOError:

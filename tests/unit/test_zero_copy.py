@@ -286,3 +286,26 @@ def test_the_blocking_client_reads_a_raw_payload_past_its_frame_buffer() -> None
     # each line read alone; the payloads never went through the frame buffer
     assert counted.recvs == [len(header), len(header)]
     assert sum(counted.recv_intos) == 2 * size
+
+
+async def test_send_event_file_on_a_socket_closed_under_it_is_a_closed_resource_not_a_disk_error(
+    tmp_path: Path, zero_copy: bool
+) -> None:
+    path = tmp_path / "1.out"
+    path.write_bytes(DATA[:1000])
+    fd = os.open(path, os.O_RDONLY)
+    a, b = trio.socket.socketpair()
+    stream = trio.SocketStream(a)
+    send_header = stream.send_all
+
+    async def send_then_close(data: bytes | bytearray | memoryview) -> None:
+        await send_header(data)
+        a.close()  # as another task's drop of the connection does, between header and bytes
+
+    stream.send_all = send_then_close  # type: ignore[method-assign]
+    try:
+        with pytest.raises(trio.ClosedResourceError):
+            await MessageStream(stream).send_event_file(3, {"kind": "chunk", "at": 0}, fd, 0, 1000)
+    finally:
+        os.close(fd)
+        b.close()
