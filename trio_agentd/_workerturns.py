@@ -357,7 +357,8 @@ class TurnRunner:
             running.lock.release()
 
     def _follow_chunk(self, running: Running, at: int, data: bytes) -> None:
-        """Pass a piece of the running turn's output on to its followers (never waits)."""
+        """Pass a piece of the running turn's output on to its followers (never waits); ``b""``
+        only marks the turn started for them."""
         key = next((k for k, r in self._running.items() if r is running), None)
         if key is None:
             return
@@ -368,7 +369,9 @@ class TurnRunner:
             text = self.journal.state.accepted.get(key, {}).get("args", {}).get("text")
             return text if isinstance(text, str) else None
 
-        self.followers.chunk(list(key), self.turns + 1, prompt, at, data)
+        # in chunk-sized events: a follower's events are base64 in their frames
+        for offset, piece in pieces(data) if data else [(0, data)]:
+            self.followers.chunk(list(key), self.turns + 1, prompt, at + offset, piece)
 
     async def _follow(self, conn: Conn, req: Request) -> None:
         """``follow``: the running turn so far, then every turn's output as it streams (chunk
