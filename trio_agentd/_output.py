@@ -11,6 +11,12 @@ Each stream is also kept for a resend after the turn ended: up to :data:`INLINE_
 memory (small UTF-8 text goes into the journal and the transcript: ``reply``, ``stderr``); past
 that, in a file of its own that the records point to (``output``, ``stderr_output``), so no
 record grows with it. ``bytes`` and ``stderr_bytes`` give each stream's size.
+
+Zero copy (Linux): once a stream is in its file, output an agent leaves in its pipe
+(:class:`~trio_agentd.agents.Waiting`) is moved from the pipe into the file with ``splice``
+(:meth:`TurnOutput.take`) and sent from the file to a raw peer with ``sendfile``, in chunks of
+:data:`RAW_CHUNK_MAX`; the bytes never pass through Python. Where either call is missing
+(:data:`ZERO_COPY` false) the same output is read and written the portable way.
 """
 
 from __future__ import annotations
@@ -22,6 +28,13 @@ from typing import Any
 
 INLINE_MAX = 64 * 1024  # bytes of a reply kept in the records themselves
 CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 MiB frame)
+RAW_CHUNK_MAX = CHUNK_MAX  # bytes per raw chunk sent from a file (what a client buffers is
+# counted in chunks, so a chunk is no bigger raw than base64)
+TAKE_MAX = 1 << 20  # bytes moved from an agent's pipe at once (the pipe's size: see widen_pipe)
+
+ZERO_COPY = hasattr(os, "splice") and hasattr(os, "sendfile")
+"""Whether pipe → output file (``splice``) and output file → socket (``sendfile``) may skip
+Python; a test turns it off to run the portable path."""
 
 STDOUT = "stdout"
 STDERR = "stderr"
@@ -86,10 +99,38 @@ class TurnOutput:
 
         assert self.path is not None
         _fs.ensure_dir(self.path.parent)
-        self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        # readable too: the live stream is sent from it (sendfile)
+        self._fd = _fs.open_trusted(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         if self._memory:
             _write_all(self._fd, bytes(self._memory))
         self._memory = None
+
+    def take(self, fd: int, size: int) -> tuple[int, bytes | None]:
+        """Move up to ``size`` bytes waiting in pipe ``fd`` into the output: ``(count, None)``
+        when they went from the pipe straight into the file (``splice``: read them back with
+        :attr:`file_fd`), else ``(count, data)``. ``count`` 0: nothing was there after all.
+
+        Raises:
+            OSError: the spill file could not be written (a full disk), or the pipe failed.
+        """
+        if self._fd is None or not ZERO_COPY:
+            try:
+                data = os.read(fd, min(size, TAKE_MAX))
+            except BlockingIOError:
+                return 0, b""
+            self.add(data)
+            return len(data), data
+        try:
+            count = os.splice(fd, self._fd, min(size, TAKE_MAX))
+        except BlockingIOError:
+            return 0, None
+        self.size += count
+        return count, None
+
+    @property
+    def file_fd(self) -> int | None:
+        """The spill file, open for reading too (``None`` while the output is in memory)."""
+        return self._fd
 
     def read(self, start: int = 0) -> Iterator[tuple[int, bytes]]:
         """``(offset, bytes)`` pieces of what was kept, from ``start`` to the current end."""

@@ -3,13 +3,16 @@ supervisor's and the workers' side. The framing is :class:`trio_agentd._framing.
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any
 
 import trio
 
+from . import _output
 from ._defaults import CLOSE_TIMEOUT
 from ._framing import RECEIVE_SIZE, Framing
-from ._protocol import MAX_FRAME, Message, RequestId, encode, encode_raw_event
+from ._protocol import MAX_FRAME, Event, Message, RequestId, encode, encode_raw_event
 
 
 class MessageStream(Framing):
@@ -57,6 +60,34 @@ class MessageStream(Framing):
         finally:
             self._send_lock.release()
 
+    async def send_event_file(self, request_id: RequestId, event: dict[str, Any], fd: int,
+                              offset: int, count: int) -> None:
+        """An event whose ``data`` is ``count`` bytes of file ``fd`` at ``offset``, raw after
+        its frame: from the page cache to the socket (``sendfile``) where the stream is a
+        socket and the system has it, else read and sent.
+
+        Raises:
+            OSError: the file could not be read (it ended early: it was cut under us).
+        """
+        header = encode(Event(id=request_id, event=event, raw=count))
+        sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
+        await self._lock()
+        try:
+            if sock is None or not _output.ZERO_COPY:
+                await self.stream.send_all(header)
+                end = offset + count
+                while offset < end:
+                    data = os.pread(fd, min(end - offset, _output.RAW_CHUNK_MAX), offset)
+                    if not data:
+                        raise OSError(errno.EIO, "the output file ended early")
+                    await self.stream.send_all(data)
+                    offset += len(data)
+                return
+            await self.stream.send_all(header)
+            await _sendfile(sock, fd, offset, count)
+        finally:
+            self._send_lock.release()
+
     async def _fill(self, want: int = RECEIVE_SIZE) -> bool:
         """Read more into the buffer; ``False`` at end of stream."""
         if self._eof:
@@ -71,3 +102,30 @@ class MessageStream(Framing):
     async def aclose(self) -> None:
         with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
             await self.stream.aclose()
+
+
+async def _sendfile(sock: trio.socket.SocketType, fd: int, offset: int, count: int) -> None:
+    """``count`` bytes of ``fd`` from ``offset`` into the (non-blocking) socket, waiting for
+    room in it as needed: backpressure, and a checkpoint per chunk.
+
+    Raises:
+        trio.BrokenResourceError: the peer went away.
+        trio.ClosedResourceError: the socket was closed under us.
+        OSError: the file ended early, or failed.
+    """
+    end = offset + count
+    await trio.lowlevel.checkpoint_if_cancelled()
+    while offset < end:
+        if sock.fileno() < 0:  # closed by another task (a dropped connection)
+            raise trio.ClosedResourceError("the connection was closed")
+        try:
+            sent = os.sendfile(sock.fileno(), fd, offset, end - offset)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise trio.BrokenResourceError(str(exc)) from exc
+        if sent == 0:
+            raise OSError(errno.EIO, "the output file ended early")
+        offset += sent
+    await trio.lowlevel.cancel_shielded_checkpoint()

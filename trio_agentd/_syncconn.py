@@ -46,6 +46,7 @@ def _dict(value: object) -> dict[str, Any]:
 # waited on for room in it)
 CONNECT_RETRY_PAUSE = 0.02
 _RECV_SIZE = 1 << 18  # a whole chunk event (256 KiB of output, base64) in a few reads
+_PEEK_SIZE = 1024  # where the next frame's line ends, if it is a short one (a raw chunk's)
 
 
 class _Conn:
@@ -61,7 +62,7 @@ class _Conn:
             self._scanned = len(self.buf)
             if len(self.buf) > MAX_FRAME:
                 raise AgentdError(ErrorCode.FRAME_TOO_LARGE, "daemon sent an oversized line")
-            chunk = self.sock.recv(_RECV_SIZE)
+            chunk = self.sock.recv(self._line_size())
             if not chunk:
                 return None
             self.buf += chunk
@@ -87,14 +88,38 @@ class _Conn:
             # the event's bytes follow its frame, unencoded
             if not 0 < raw <= MAX_FRAME or not isinstance(frame.get("event"), dict):
                 raise _Malformed(ErrorCode.INTERNAL, "daemon sent a malformed raw event")
-            while len(self.buf) < raw:
-                chunk = self.sock.recv(max(_RECV_SIZE, raw - len(self.buf)))
-                if not chunk:
-                    return None
-                self.buf += chunk
-            frame["event"]["data"] = bytes(self.buf[:raw])
-            del self.buf[:raw]
+            data = self._receive_payload(raw)
+            if data is None:
+                return None
+            frame["event"]["data"] = data
         return frame
+
+    def _line_size(self) -> int:
+        """How much to read for the next frame's line: with nothing buffered, a look at what
+        is waiting finds where a line ends, so a raw payload after it is left for
+        :meth:`_receive_payload` (read once, not through ``buf``); else a big read."""
+        if self.buf:
+            return _RECV_SIZE
+        head = self.sock.recv(_PEEK_SIZE, _socket.MSG_PEEK)
+        nl = head.find(b"\n")
+        return nl + 1 if nl >= 0 else _RECV_SIZE
+
+    def _receive_payload(self, size: int) -> bytes | None:
+        """The ``size`` bytes after a raw event's frame, read straight into a buffer of their
+        own, not through ``buf`` (one copy, into the ``bytes`` the event's readers take);
+        ``None`` if the connection ended first."""
+        data = bytearray(size)
+        have = min(len(self.buf), size)
+        if have:
+            data[:have] = self.buf[:have]
+            del self.buf[:have]
+        with memoryview(data) as view:
+            while have < size:
+                got = self.sock.recv_into(view[have:])
+                if not got:
+                    return None
+                have += got
+        return bytes(data)
 
     def send(self, obj: dict[str, Any], timeout: float | None = None) -> None:
         self.sock.settimeout(timeout)

@@ -27,6 +27,7 @@ from ._identity import (
 from ._output import (
     FIELDS,
     INLINE_MAX,
+    RAW_CHUNK_MAX,
     STDERR,
     STDOUT,
     STREAMS,
@@ -54,6 +55,7 @@ from .agents import (
     ExitStatus,
     Stderr,
     TurnContext,
+    Waiting,
 )
 from .timing import AGENT_CLOSE_TIMEOUT, Timing
 
@@ -279,6 +281,9 @@ class TurnRunner:
         if isinstance(chunk, ExitStatus):
             running.exit_status = chunk.code
             return
+        if isinstance(chunk, Waiting):
+            await self._relay_waiting(running, chunk)
+            return
         stream, raw = (STDERR, chunk.data) if isinstance(chunk, Stderr) else (STDOUT, chunk)
         data = raw.encode(errors="surrogateescape") if isinstance(raw, str) else bytes(raw)
         if not data:
@@ -309,8 +314,55 @@ class TurnRunner:
         finally:
             running.lock.release()
 
+    async def _relay_waiting(self, running: Running, chunk: Waiting) -> None:
+        """Output waiting in the agent's pipe: taken into the turn's output (straight into
+        its file, once it has one, with ``splice``) and sent to the listener from there (with
+        ``sendfile``, to a raw peer), so the bytes need not pass through Python."""
+        stream = STDERR if chunk.stderr else STDOUT
+        await running.lock.acquire()  # a checkpoint, as for bytes
+        try:
+            output = running.outputs[stream]
+            at = output.size
+            count, data = output.take(chunk.fd, chunk.size)  # OSError: storage_error
+            if not count:
+                return
+            fd = output.file_fd
+            if data is None and fd is not None and stream == STDOUT and self.followers.all:
+                data = os.pread(fd, count, at)  # a follower gets the bytes themselves
+            if stream == STDOUT:
+                self._follow_chunk(running, at, data or b"")
+            listener = running.listener
+            if listener is None or listener.dropped or not running.wants_chunks():
+                return
+            if running.sent_to[stream] != at:
+                await self._catch_up(running)
+                return
+            if data is not None:  # read (in memory still, or no splice): sent as it is
+                for offset, piece in pieces(data):
+                    await self._send_chunk(listener, running.request_id, at + offset, piece,
+                                           stream, raw=running.raw)
+                running.sent_to[stream] = at + count
+                return
+            if fd is None or not running.raw:
+                await self._catch_up(running)  # read back from the file, base64 in frames
+                return
+            end = at + count
+            while at < end:
+                n = min(RAW_CHUNK_MAX, end - at)
+                if listener.dropped:
+                    return
+                event = chunk_event(at, b"", stream)
+                del event["data"]
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await listener.ms.send_event_file(running.request_id, event, fd, at, n)
+                at += n
+            running.sent_to[stream] = end
+        finally:
+            running.lock.release()
+
     def _follow_chunk(self, running: Running, at: int, data: bytes) -> None:
-        """Pass a piece of the running turn's output on to its followers (never waits)."""
+        """Pass a piece of the running turn's output on to its followers (never waits); ``b""``
+        only marks the turn started for them."""
         key = next((k for k, r in self._running.items() if r is running), None)
         if key is None:
             return
@@ -321,7 +373,9 @@ class TurnRunner:
             text = self.journal.state.accepted.get(key, {}).get("args", {}).get("text")
             return text if isinstance(text, str) else None
 
-        self.followers.chunk(list(key), self.turns + 1, prompt, at, data)
+        # in chunk-sized events: a follower's events are base64 in their frames
+        for offset, piece in pieces(data) if data else [(0, data)]:
+            self.followers.chunk(list(key), self.turns + 1, prompt, at + offset, piece)
 
     async def _follow(self, conn: Conn, req: Request) -> None:
         """``follow``: the running turn so far, then every turn's output as it streams (chunk
@@ -505,6 +559,7 @@ class TurnRunner:
             cwd=self.cwd,
             session_dir=self.transcript.dir if self.transcript else self.cwd,
             on_group=functools.partial(self._on_group, k) if journal is not None else None,
+            pipes=True,  # _relay takes Waiting chunks
         )
         out_dir = self.transcript.output_dir if self.transcript else None
         output = running.outputs[STDOUT] = TurnOutput(out_dir / f"{turn}.out" if out_dir else None)

@@ -31,6 +31,7 @@ from trio_agentd.agents import (
     ShellAgent,
     Stderr,
     TurnContext,
+    Waiting,
     load_agent,
     validate_agent_spec,
 )
@@ -66,6 +67,7 @@ async def turn(
         async for chunk in chunks:
             if isinstance(chunk, (Stderr, ExitStatus)):
                 continue  # the reply only; see outcome()
+            assert not isinstance(chunk, Waiting), "Waiting without ctx.pipes"
             yield chunk.decode() if isinstance(chunk, bytes) else chunk
 
     async with turn_bytes(agent, prompt, ctx) as chunks:
@@ -95,6 +97,8 @@ async def outcome(agent: Agent, prompt: str, ctx: TurnContext) -> tuple[bytes, b
                     statuses.append(chunk.code)
                 elif isinstance(chunk, Stderr):
                     err += chunk.data.encode() if isinstance(chunk.data, str) else chunk.data
+                elif isinstance(chunk, Waiting):
+                    raise AssertionError("Waiting without ctx.pipes")
                 else:
                     out += chunk.encode() if isinstance(chunk, str) else chunk
     return bytes(out), bytes(err), statuses

@@ -7,6 +7,7 @@ from ._base import Chunk as Chunk
 from ._base import ExitStatus as ExitStatus
 from ._base import Stderr as Stderr
 from ._base import TurnContext as TurnContext
+from ._base import Waiting as Waiting
 from ._echo import EchoAgent as EchoAgent
 from ._exec import ExecAgent as ExecAgent
 from ._load import load_agent as load_agent

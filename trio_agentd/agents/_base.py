@@ -26,6 +26,9 @@ class TurnContext:
     """Told of each process group the turn starts, once it exists and before it runs the
     agent's work (the worker journals it, to stop it after a crash). Raising refuses the
     turn: the group is killed unstarted and the exception propagates."""
+    pipes: bool = False
+    """The host takes :class:`Waiting` chunks: an agent that reads a pipe may yield one instead
+    of reading the bytes itself (the worker does; other hosts leave this False)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +54,24 @@ class ExitStatus:
     code: int
 
 
-Chunk = str | bytes | Stderr | ExitStatus
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Output waiting in one of the agent's pipes: ``size`` bytes readable on ``fd`` right now.
+
+    Yielded only when :attr:`TurnContext.pipes` is set. The host reads up to ``size`` bytes
+    from ``fd`` itself before the turn goes on (on Linux it moves them from the pipe into the
+    turn's output file without copying them through Python); whatever it leaves stays in the
+    pipe for the agent to offer again. ``stderr`` marks the agent's diagnostics pipe.
+    """
+
+    fd: int
+    size: int
+    stderr: bool = False
+
+
+Chunk = str | bytes | Stderr | ExitStatus | Waiting
 """What a turn yields: reply text (sent as UTF-8) or bytes (sent exactly), diagnostics, and at
-the end, optionally, its exit status."""
+the end, optionally, its exit status; :class:`Waiting` only for a host that asked for it."""
 
 
 @runtime_checkable

@@ -19,18 +19,20 @@ line is written closes the pipe, and the gate exits having run nothing.
 Output is read from two pipes, stdout and stderr, and yielded chunk by chunk as it arrives
 (stderr as :class:`Stderr` pieces); the turn lasts until both pipes are closed by every holder
 *and* the leader has exited (as ``$(...)`` in a shell does), and ends with the leader's
-:class:`ExitStatus`. The prompt of an ``exec`` turn goes to the child's stdin through a pipe.
-Writing it must not wait for the child to read it all: a child that writes a lot before reading
-the rest (``cat`` with a large prompt) would fill its stdout pipe while we sit on a full stdin
-pipe. So the writer runs next to every wait for output, in a nursery that closes before each
-chunk is yielded (a nursery must not stay open across a ``yield`` of an async generator), and it
-is resumable: it writes with non-blocking ``os.write`` and keeps its own offset, so cancelling
-it loses nothing.
+:class:`ExitStatus`; to a host that takes them (``ctx.pipes``), output waiting in a pipe is
+offered as :class:`Waiting` instead of read. The prompt of an ``exec`` turn goes to the child's
+stdin through a pipe. Writing it must not wait for the child to read it all: a child that writes
+a lot before reading the rest (``cat`` with a large prompt) would fill its stdout pipe while we
+sit on a full stdin pipe. So the writer runs next to every wait for output, in a nursery that
+closes before each chunk is yielded (a nursery must not stay open across a ``yield`` of an async
+generator), and it is resumable: it writes with non-blocking ``os.write`` and keeps its own
+offset, so cancelling it loses nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 import signal
@@ -50,7 +52,7 @@ from .._identity import (
     read_start_id,
     signal_group_identity_checked,
 )
-from ._base import AgentStartError, Chunk, ExitStatus, Stderr, TurnContext
+from ._base import AgentStartError, Chunk, ExitStatus, Stderr, TurnContext, Waiting
 
 _T = TypeVar("_T")
 
@@ -299,15 +301,19 @@ class _GroupRun:
             ) from group
         return result
 
-    async def receive(self) -> tuple[bool, bytes]:
+    async def receive(self, pipes: bool = False) -> tuple[bool, bytes | Waiting]:
         """The next piece of output from either pipe, as ``(from stderr, data)``; ``b""`` once
-        nobody holds either pipe any more."""
-        return await self._feeding(self._read_either)
+        nobody holds either pipe any more. With ``pipes``, output waiting in a pipe comes as a
+        :class:`Waiting` for the host to read."""
+        return await self._feeding(functools.partial(self._read_either, pipes))
 
-    async def _read_either(self) -> tuple[bool, bytes]:
+    async def _read_either(self, pipes: bool) -> tuple[bool, bytes | Waiting]:
         await trio.lowlevel.checkpoint_if_cancelled()
         while self.pipes:
             for is_err, pipe in list(self.pipes.items()):
+                if pipes and (count := available(pipe.fileno())) > 0:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    return is_err, Waiting(pipe.fileno(), count, stderr=is_err)
                 try:
                     data = os.read(pipe.fileno(), _READ_SIZE)
                 except BlockingIOError:
@@ -363,6 +369,14 @@ class _GroupRun:
                 for pipe in self.pipes.values():
                     await pipe.aclose()
                 self.pipes.clear()
+
+
+def available(fd: int) -> int:
+    """Bytes waiting in pipe ``fd`` (``FIONREAD``)."""
+    import fcntl
+    import termios
+
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little")
 
 
 def widen_pipe(fd: int) -> None:
@@ -440,7 +454,10 @@ async def run_command(
     run = await _GroupRun.start(argv, ctx=ctx, stdin=stdin, merge_stderr=merge_stderr)
     try:
         while True:
-            is_err, data = await run.receive()
+            is_err, data = await run.receive(ctx.pipes)
+            if isinstance(data, Waiting):
+                yield data
+                continue
             if not data:
                 break
             yield Stderr(data) if is_err else data

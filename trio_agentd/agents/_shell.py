@@ -61,13 +61,11 @@ one begins with a one-line :class:`Stderr` notice saying so.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import select
 import signal
 import socket
-import termios
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
@@ -77,8 +75,15 @@ import trio
 from .._errors import AgentdError, ErrorCode
 from .._fs import atomic_write, read_bytes
 from .._identity import GroupIdentity, read_start_id
-from ._base import Chunk, ExitStatus, Stderr, TurnContext
-from ._exec import KILL_GRACE, _spawn_error, child_environment, first_readable, widen_pipe
+from ._base import Chunk, ExitStatus, Stderr, TurnContext, Waiting
+from ._exec import (
+    KILL_GRACE,
+    _spawn_error,
+    available,
+    child_environment,
+    first_readable,
+    widen_pipe,
+)
 
 log = logging.getLogger("trio_agentd.agents.shell")
 
@@ -89,7 +94,7 @@ CONTROL_FD = 8
 CWD_FILE = "shell.cwd"
 """In the session's directory: the shell's cwd after its last prompt, as raw bytes."""
 
-_READ_SIZE = 256 * 1024  # one output chunk per read, when that much is waiting
+_READ_SIZE = 256 * 1024  # one output chunk per read, when that much is waiting (no Waiting)
 _TERM_GRACE = 0.1  # between SIGTERM and SIGKILL, once SIGINT's grace ran out
 _ANSWER_BOUND = 2.0  # for the shell to answer after what it ran got SIGKILL
 _CLOSE_BOUND = 2.0  # for a shell to exit once its control socket is closed
@@ -280,9 +285,11 @@ class _Shell:
 
     # --- waiting for anything ------------------------------------------------------------
 
-    async def next_event(self) -> tuple[str, bytes]:
+    async def next_event(self, pipes: bool = False) -> tuple[str, bytes | Waiting]:
         """Wait until something happens; ``("out" | "err", data)`` for output, else
         ``("control", b"")`` (an answer came, or the channel closed) or ``("exit", b"")``.
+        With ``pipes``, output waiting in a pipe comes as a :class:`Waiting` for the host to
+        read (end of output still as ``b""``).
 
         Cancellation: loses nothing (a read only happens once its fd is ready).
 
@@ -294,7 +301,13 @@ class _Shell:
         # on every descriptor is for when nothing is there
         for name, fd, is_open in (("out", self.out_fd, self.out_open),
                                   ("err", self.err_fd, self.err_open)):
-            if is_open and (data := _read_some(fd)):
+            if not is_open:
+                continue
+            if pipes:
+                if (count := available(fd)) > 0:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    return name, Waiting(fd, count, stderr=name == "err")
+            elif data := _read_some(fd):
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return name, data
         fds: list[int] = []
@@ -318,6 +331,9 @@ class _Shell:
         if ready == self.control.fileno():
             self._read_control()
             return ("control", b"")
+        name = "out" if ready == self.out_fd else "err"
+        if pipes and (count := available(ready)) > 0:
+            return name, Waiting(ready, count, stderr=name == "err")
         data = _read_some(ready)
         if data is None:
             return ("control", b"")  # spurious wake-up: nothing happened
@@ -331,7 +347,7 @@ class _Shell:
     def pending_output(self) -> Iterator[tuple[str, bytes]]:
         """What the pipes hold right now, no more: a background writer cannot keep this
         going."""
-        counts = [(name, fd, _available(fd)) for name, fd, is_open in (
+        counts = [(name, fd, available(fd)) for name, fd, is_open in (
             ("out", self.out_fd, self.out_open), ("err", self.err_fd, self.err_open)) if is_open]
         for name, fd, count in counts:
             while count > 0:
@@ -394,9 +410,6 @@ def _read_some(fd: int, size: int = _READ_SIZE) -> bytes | None:
         return None
 
 
-def _available(fd: int) -> int:
-    buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
-    return int.from_bytes(buf, "little")
 
 
 def _ticks_now() -> int:
@@ -623,8 +636,8 @@ class ShellAgent:
                 if notice is not None:
                     yield Stderr(notice)
                 while seq not in shell.status and not shell.exited:
-                    kind, data = await shell.next_event()
-                    if kind == "out" and data:
+                    kind, data = await shell.next_event(ctx.pipes)
+                    if isinstance(data, Waiting) or (kind == "out" and data):
                         yield data
                     elif kind == "err" and data:
                         yield Stderr(data)
