@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ._fs import write_all
+
 INLINE_MAX = 64 * 1024  # bytes of a reply kept in the records themselves
 CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 MiB frame)
 RAW_CHUNK_MAX = CHUNK_MAX  # bytes per raw chunk sent from a file (what a client buffers is
@@ -91,7 +93,7 @@ class TurnOutput:
             if self._fd is None:
                 self._spill()
             assert self._fd is not None
-            _write_all(self._fd, data)
+            write_all(self._fd, data)
         self.size += len(data)
 
     def _spill(self) -> None:
@@ -102,7 +104,7 @@ class TurnOutput:
         # readable too: the live stream is sent from it (sendfile)
         self._fd = _fs.open_trusted(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         if self._memory:
-            _write_all(self._fd, bytes(self._memory))
+            write_all(self._fd, bytes(self._memory))
         self._memory = None
 
     def take(self, fd: int, size: int) -> tuple[int, bytes | None]:
@@ -204,9 +206,3 @@ def inline(result: Any) -> bool:
         and "reply" in result
         and ("stderr" in result or not result.get("stderr_bytes"))
     )
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
