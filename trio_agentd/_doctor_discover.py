@@ -14,9 +14,7 @@ from . import _jsonfast as json  # the stdlib json's loads/dumps, without import
 from ._doctor_plan import (
     Record,
 )
-from ._identity import (
-    liveness,
-)
+from ._identity import liveness, proc_environ
 from ._ownership import CorruptRecord, OwnerRecord, Scope
 from ._paths import Layout, default_socket_dir, normalize_socket_path
 from ._procstate import Liveness
@@ -209,13 +207,9 @@ def socket_lease_holder(sock: str) -> int | None:
 
 
 def _environ_home(pid: str) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for entry in f.read().split(b"\0"):
-                if entry.startswith(b"TRIO_AGENTD_HOME="):
-                    return entry.split(b"=", 1)[1].decode(errors="replace")
-    except OSError:
-        return None
+    for entry in proc_environ(int(pid)):
+        if entry.startswith(b"TRIO_AGENTD_HOME="):
+            return entry.split(b"=", 1)[1].decode(errors="replace")
     return None
 
 
