@@ -346,16 +346,16 @@ class TurnRunner:
             if fd is None or not running.raw:
                 await self._catch_up(running)  # read back from the file, base64 in frames
                 return
+            if listener.dropped:
+                return
             end = at + count
-            while at < end:
-                n = min(RAW_CHUNK_MAX, end - at)
-                if listener.dropped:
-                    return
-                event = chunk_event(at, b"", stream)
+            events = []
+            for offset in range(at, end, RAW_CHUNK_MAX):
+                event = chunk_event(offset, b"", stream)
                 del event["data"]
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await listener.ms.send_event_file(running.request_id, event, fd, at, n)
-                at += n
+                events.append((event, offset, min(RAW_CHUNK_MAX, end - offset)))
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await listener.ms.send_events_file(running.request_id, events, fd)
             running.sent_to[stream] = end
         finally:
             running.lock.release()
