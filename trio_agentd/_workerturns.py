@@ -319,7 +319,9 @@ class TurnRunner:
         its file, once it has one, with ``splice``) and sent to the listener from there (with
         ``sendfile``, to a raw peer), so the bytes need not pass through Python."""
         stream = STDERR if chunk.stderr else STDOUT
-        await running.lock.acquire()  # a checkpoint, as for bytes
+        # a free lock without a checkpoint: the agent's wait for its pipe was one, and so is
+        # the send below (a take is one trip through the scheduler, not two)
+        await _acquire(running.lock)
         try:
             output = running.outputs[stream]
             at = output.size

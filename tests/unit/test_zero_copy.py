@@ -350,3 +350,36 @@ async def test_send_event_file_on_a_socket_closed_under_it_is_a_closed_resource_
     finally:
         os.close(fd)
         b.close()
+
+
+async def test_a_run_of_file_events_arrives_whole_and_in_order_with_room_made_for_it(
+    tmp_path: Path, zero_copy: bool
+) -> None:
+    path = tmp_path / "1.out"
+    path.write_bytes(DATA)
+    fd = os.open(path, os.O_RDONLY)
+    a, b = trio.socket.socketpair()
+    default = a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    spans = [(0, RAW_CHUNK_MAX), (RAW_CHUNK_MAX, RAW_CHUNK_MAX), (2 * RAW_CHUNK_MAX, 17)]
+    got: list[object] = []
+    try:
+        tx, rx = MessageStream(trio.SocketStream(a)), MessageStream(trio.SocketStream(b))
+
+        async def receive() -> None:
+            for _ in spans:
+                got.append(await rx.receive())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            await tx.send_events_file(
+                3, [({"kind": "chunk", "at": at}, at, n) for at, n in spans], fd)
+        widened = a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    finally:
+        os.close(fd)
+        a.close()
+        b.close()
+    assert [m.event for m in got if isinstance(m, Event)] == [
+        {"kind": "chunk", "at": at, "data": DATA[at : at + n]} for at, n in spans]
+    if zero_copy:  # a streaming socket holds more than one chunk in flight
+        assert widened > default
+        assert widened >= min(_stream.SEND_BUFFER, RAW_CHUNK_MAX * 4)
