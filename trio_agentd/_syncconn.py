@@ -56,7 +56,7 @@ class _Conn:
         self._scanned = 0  # bytes of ``buf`` known to hold no newline
 
     def read_message(self, timeout: float | None) -> dict[str, Any] | None:
-        self.sock.settimeout(timeout)
+        self._timeout(timeout)
         # each byte is scanned for the newline once, and a big frame is not copied per read
         while (nl := self.buf.find(b"\n", self._scanned)) < 0:
             self._scanned = len(self.buf)
@@ -94,6 +94,12 @@ class _Conn:
             frame["event"]["data"] = data
         return frame
 
+    def _timeout(self, timeout: float | None) -> None:
+        """Set the socket's timeout only when it changes (each setting is a system call, and
+        a stream reads thousands of frames with the same one)."""
+        if self.sock.gettimeout() != timeout:
+            self.sock.settimeout(timeout)
+
     def _line_size(self) -> int:
         """How much to read for the next frame's line: with nothing buffered, a look at what
         is waiting finds where a line ends, so a raw payload after it is left for
@@ -105,14 +111,24 @@ class _Conn:
         return nl + 1 if nl >= 0 else _RECV_SIZE
 
     def _receive_payload(self, size: int) -> bytes | None:
-        """The ``size`` bytes after a raw event's frame, read straight into a buffer of their
-        own, not through ``buf`` (one copy, into the ``bytes`` the event's readers take);
-        ``None`` if the connection ended first."""
-        data = bytearray(size)
-        have = min(len(self.buf), size)
-        if have:
+        """The ``size`` bytes after a raw event's frame, read straight into the ``bytes`` the
+        event's readers take when they are all there (one copy), else into a buffer of their
+        own; never through ``buf``. ``None`` if the connection ended first."""
+        if self.buf:
+            data = bytearray(size)
+            have = min(len(self.buf), size)
             data[:have] = self.buf[:have]
             del self.buf[:have]
+        else:
+            # usually the whole payload is waiting: one read, into the bytes themselves
+            first = self.sock.recv(size)
+            if not first:
+                return None
+            if len(first) == size:
+                return first
+            data = bytearray(size)
+            have = len(first)
+            data[:have] = first
         with memoryview(data) as view:
             while have < size:
                 got = self.sock.recv_into(view[have:])
@@ -122,7 +138,7 @@ class _Conn:
         return bytes(data)
 
     def send(self, obj: dict[str, Any], timeout: float | None = None) -> None:
-        self.sock.settimeout(timeout)
+        self._timeout(timeout)
         # a path, argument or prompt that is not UTF-8 travels as {"$bytes": ...}
         self.sock.sendall(json.dumps(to_wire(obj), separators=(",", ":")).encode() + b"\n")
 

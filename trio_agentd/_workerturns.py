@@ -319,7 +319,9 @@ class TurnRunner:
         its file, once it has one, with ``splice``) and sent to the listener from there (with
         ``sendfile``, to a raw peer), so the bytes need not pass through Python."""
         stream = STDERR if chunk.stderr else STDOUT
-        await running.lock.acquire()  # a checkpoint, as for bytes
+        # a free lock without a checkpoint: the agent's wait for its pipe was one, and so is
+        # the send below (a take is one trip through the scheduler, not two)
+        await _acquire(running.lock)
         try:
             output = running.outputs[stream]
             at = output.size
@@ -346,16 +348,16 @@ class TurnRunner:
             if fd is None or not running.raw:
                 await self._catch_up(running)  # read back from the file, base64 in frames
                 return
+            if listener.dropped:
+                return
             end = at + count
-            while at < end:
-                n = min(RAW_CHUNK_MAX, end - at)
-                if listener.dropped:
-                    return
-                event = chunk_event(at, b"", stream)
+            events = []
+            for offset in range(at, end, RAW_CHUNK_MAX):
+                event = chunk_event(offset, b"", stream)
                 del event["data"]
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await listener.ms.send_event_file(running.request_id, event, fd, at, n)
-                at += n
+                events.append((event, offset, min(RAW_CHUNK_MAX, end - offset)))
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await listener.ms.send_events_file(running.request_id, events, fd)
             running.sent_to[stream] = end
         finally:
             running.lock.release()

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_agentd import _output
+from trio_agentd import _output, _stream
 from trio_agentd._output import INLINE_MAX, RAW_CHUNK_MAX, STDERR, TAKE_MAX, TurnOutput
 from trio_agentd._protocol import Event, encode
 from trio_agentd._stream import MessageStream
@@ -250,13 +250,21 @@ class _CountingSocket:
         self.recvs: list[int] = []
         self.recv_intos: list[int] = []
 
+        self.after_recv: list[bytes] = []  # sent to this end (by ``peer``) after each recv
+        self.peer: socket.socket | None = None
+
     def settimeout(self, timeout: float | None) -> None:
         self.sock.settimeout(timeout)
+
+    def gettimeout(self) -> float | None:
+        return self.sock.gettimeout()
 
     def recv(self, size: int, flags: int = 0) -> bytes:
         data = self.sock.recv(size, flags)
         if not flags & socket.MSG_PEEK:
             self.recvs.append(len(data))
+            if self.after_recv and self.peer is not None:
+                self.peer.sendall(self.after_recv.pop(0))
         return data
 
     def recv_into(self, buf: memoryview) -> int:
@@ -283,13 +291,40 @@ def test_the_blocking_client_reads_a_raw_payload_past_its_frame_buffer() -> None
     assert second is not None
     assert first["event"]["data"] == DATA[:size]
     assert second["event"]["data"] == DATA[:size]
-    # each line read alone; the payloads never went through the frame buffer
-    assert counted.recvs == [len(header), len(header)]
-    assert sum(counted.recv_intos) == 2 * size
+    # each line read alone; each payload, all there, read in one go into its own bytes,
+    # never through the frame buffer
+    assert counted.recvs == [len(header), size, len(header), size]
+    assert counted.recv_intos == []
+
+
+def test_the_blocking_client_reads_a_payload_that_comes_in_pieces_into_a_buffer_of_its_own(
+) -> None:
+    size = 100_000
+    header = encode(Event(id=1, event={"kind": "chunk", "at": 0}, raw=size))
+    a, b = socket.socketpair()
+    try:
+        b.sendall(header + DATA[:1000])
+        counted = _CountingSocket(a)
+        counted.peer = b
+        counted.after_recv = [b"", DATA[1000:size] + header]  # the rest after the first piece
+        conn = _Conn(counted)  # type: ignore[arg-type]
+        msg = conn.read_message(5.0)
+        assert conn.buf == b""
+        b.sendall(DATA[:size])
+        again = conn.read_message(5.0)
+    finally:
+        a.close()
+        b.close()
+    assert msg is not None
+    assert again is not None
+    assert msg["event"]["data"] == DATA[:size]
+    assert again["event"]["data"] == DATA[:size]
+    assert counted.recvs == [len(header), 1000, len(header), size]
+    assert sum(counted.recv_intos) == size - 1000
 
 
 async def test_send_event_file_on_a_socket_closed_under_it_is_a_closed_resource_not_a_disk_error(
-    tmp_path: Path, zero_copy: bool
+    tmp_path: Path, zero_copy: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "1.out"
     path.write_bytes(DATA[:1000])
@@ -297,15 +332,54 @@ async def test_send_event_file_on_a_socket_closed_under_it_is_a_closed_resource_
     a, b = trio.socket.socketpair()
     stream = trio.SocketStream(a)
     send_header = stream.send_all
+    write_header = _stream._write
 
     async def send_then_close(data: bytes | bytearray | memoryview) -> None:
         await send_header(data)
         a.close()  # as another task's drop of the connection does, between header and bytes
 
+    async def write_then_close(sock: trio.socket.SocketType, data: bytes) -> None:
+        await write_header(sock, data)
+        a.close()
+
     stream.send_all = send_then_close  # type: ignore[method-assign]
+    monkeypatch.setattr(_stream, "_write", write_then_close)  # the zero-copy path's header
     try:
         with pytest.raises(trio.ClosedResourceError):
             await MessageStream(stream).send_event_file(3, {"kind": "chunk", "at": 0}, fd, 0, 1000)
     finally:
         os.close(fd)
         b.close()
+
+
+async def test_a_run_of_file_events_arrives_whole_and_in_order_with_room_made_for_it(
+    tmp_path: Path, zero_copy: bool
+) -> None:
+    path = tmp_path / "1.out"
+    path.write_bytes(DATA)
+    fd = os.open(path, os.O_RDONLY)
+    a, b = trio.socket.socketpair()
+    default = a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    spans = [(0, RAW_CHUNK_MAX), (RAW_CHUNK_MAX, RAW_CHUNK_MAX), (2 * RAW_CHUNK_MAX, 17)]
+    got: list[object] = []
+    try:
+        tx, rx = MessageStream(trio.SocketStream(a)), MessageStream(trio.SocketStream(b))
+
+        async def receive() -> None:
+            for _ in spans:
+                got.append(await rx.receive())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            await tx.send_events_file(
+                3, [({"kind": "chunk", "at": at}, at, n) for at, n in spans], fd)
+        widened = a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    finally:
+        os.close(fd)
+        a.close()
+        b.close()
+    assert [m.event for m in got if isinstance(m, Event)] == [
+        {"kind": "chunk", "at": at, "data": DATA[at : at + n]} for at, n in spans]
+    if zero_copy:  # a streaming socket holds more than one chunk in flight
+        assert widened > default
+        assert widened >= min(_stream.SEND_BUFFER, RAW_CHUNK_MAX * 4)
