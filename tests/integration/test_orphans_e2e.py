@@ -102,8 +102,9 @@ def test_worker_kill9_mid_turn_next_prompt_stops_the_orphaned_group(
     os.kill(p.pid, signal.SIGSTOP)
     os.kill(worker, signal.SIGKILL)
     wait_for(lambda: _state(worker) in (None, "Z", "X"), timeout=10, what="the worker to die")
-    assert not _not_running(sleeper), "the orphan must outlive its worker for this test to mean it"
-    assert not _not_running(leader)
+    # That the orphan outlived its worker (so that this test means something) is not checked
+    # here: the supervisor may already have respawned the worker, which stops the group at once.
+    # The new worker's log below proves it, naming the sleeper among the members it found alive.
 
     # the next prompt (or the supervisor itself, which may restart a worker that died with a
     # command in flight) respawns the worker, which stops the orphaned group first
