@@ -179,6 +179,12 @@ class GroupWriter:
         if path in self._committing:
             self._dropped.add(path)  # unlinked again once that commit is done
 
+    async def settled(self) -> None:
+        """Return once no commit is under way: a path dropped while one held it is unlinked by
+        then (a file the caller deleted cannot come back after this returns)."""
+        while self._busy:
+            await self._changed.wait()
+
     @property
     def pending(self) -> int:
         return len(self._staged)

@@ -484,11 +484,14 @@ class ProcessWorkerOps:
         change)."""
         await self.writer.durable()
 
-    def forget(self, session_id: str) -> None:
+    async def forget(self, session_id: str) -> None:
+        """Delete the session's descriptor and token, and return once neither can come back: a
+        group commit that was writing one when it was dropped unlinks it as it ends."""
         for p in (self.layout.descriptor_path(session_id), self.layout.token_path(session_id)):
             self.writer.drop(p)
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+        await self.writer.settled()
 
     def load(self, path: Path) -> tuple[WorkerHandle, bool, Mode]:
         """A handle from a descriptor file: (handle, its worker is alive, recorded lifecycle).

@@ -119,9 +119,9 @@ class SessionTable:
         ):
             del self.sessions[h.session_id]
             self.killed.add(h.session_id)
-            self.ops.forget(h.session_id)
             h.cancel_scope.cancel()
             h.retire()
+            await self.ops.forget(h.session_id)
             log.info("session %s killed", h.session_id)
 
     async def get_session(
@@ -247,7 +247,7 @@ class SessionTable:
                 await self._stop_for_removal(h, force=force)
             log.info("session %s removed%s", sid, " (--force)" if force else "")
             self.killed.add(sid)  # a resent command of it is not run in a new session
-            self.ops.forget(sid)
+            await self.ops.forget(sid)
             with contextlib.suppress(FileNotFoundError):
                 L.journal_path(sid).unlink()
             if session_dir.is_dir() and not session_dir.is_symlink():

@@ -107,6 +107,41 @@ async def test_a_dropped_path_is_never_brought_back_even_mid_commit(tmp_path: Pa
     assert _tmps(tmp_path) == []
 
 
+async def test_settled_returns_only_once_a_dropped_path_mid_commit_is_gone(tmp_path: Path
+                                                                           ) -> None:
+    """What ``rm`` relies on: once the writer has settled after a drop, the file is gone for
+    good, although a commit that held it was still running when it was dropped."""
+    path = tmp_path / "gone.json"
+    in_commit = trio.Event()
+    release = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def blocking(batch: list[tuple[str, str]]) -> dict[str, OSError]:
+        trio.from_thread.run_sync(in_commit.set, trio_token=token)
+        trio.from_thread.run(release.wait, trio_token=token)
+        return _groupwrite.commit(batch)
+
+    w = GroupWriter(commit_batch=blocking)
+    w.stage(path, b"v1")
+    settled_with: list[bool] = []
+
+    async def settle() -> None:
+        await w.settled()
+        settled_with.append(path.exists())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(w.durable)
+        await in_commit.wait()
+        w.drop(path)
+        path.unlink(missing_ok=True)
+        nursery.start_soon(settle)
+        await trio.testing.wait_all_tasks_blocked()
+        assert settled_with == []  # the commit still runs: not settled yet
+        release.set()
+    assert settled_with == [False]
+    await w.settled()  # nothing under way: at once
+
+
 async def test_a_failed_commit_keeps_the_old_file_and_is_raised_to_its_waiter(
     tmp_path: Path,
 ) -> None:
