@@ -4,9 +4,11 @@ Starting a worker by exec pays a Python start and the import of trio and of the 
 modules (≈ 100 ms of CPU, ≈ 16 MB of private memory each). The template pays it once: it is
 started (``python -E -P -m trio_agentd.worker --template``, the same interpreter and flags as
 a worker) by the supervisor, imports everything a worker imports with the collector off,
-freezes its heap (``gc.freeze()``, so the children's collector never writes to the objects
-they share) and then only waits on a private socketpair (its stdin) for requests. It never
-runs an event loop or a thread, so a fork of it is safe.
+runs a warm-up loop to its end (:func:`_warm_up`), collects once, fills the free blocks of
+its allocator's pools (:func:`_fill_free_blocks`), freezes its heap (``gc.freeze()``, so the
+children's collector never writes to the objects they share) and then only waits on a private
+socketpair (its stdin) for requests. Once it serves it runs no event loop and no thread, so a
+fork of it is safe.
 
 A request carries three descriptors (``SCM_RIGHTS``: the worker's stdin and stdout pipes and
 its log) and the worker's environment. The template forks twice: the grandchild calls
@@ -252,6 +254,107 @@ def _preload() -> None:
     from .agents import _echo, _exec, _shell  # noqa: F401
 
 
+# the template's filler objects (see :func:`_fill_free_blocks`): alive as long as it is
+_fillers: list[object] = []
+
+
+def _free_blocks() -> dict[int, int]:
+    """The free blocks in the object allocator's pools in use, by block size (what
+    ``sys._debugmallocstats()`` prints on the C level ``stderr``: read through a memfd).
+
+    Raises:
+        OSError: no descriptor for the memfd (or for a copy of ``stderr``).
+    """
+    out = os.memfd_create("mallocstats")
+    with open(out, "rb") as f:
+        saved = os.dup(2)
+        try:
+            os.dup2(out, 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        text = f.read(1 << 16).decode("ascii", "replace")
+    free: dict[int, int] = {}
+    for line in text.splitlines():
+        cols = line.split()
+        if len(cols) == 5 and all(c.isdigit() for c in cols):
+            free[int(cols[1])] = int(cols[4])
+    return free
+
+
+def _fill_free_blocks() -> None:
+    """Fill every free block of the object allocator's pools in use with a filler object
+    the template keeps. A worker's first objects otherwise go to these blocks, scattered
+    over the pages it shares with the template: each one copies a page (and the pool's
+    header page). Filled, its objects go to pools of their own, packed.
+
+    Raises:
+        OSError: as :func:`_free_blocks`.
+    """
+    for size, count in sorted(_free_blocks().items()):
+        if size <= 16:
+            _fillers.extend(object() for _ in range(count))
+        elif size <= 32:
+            _fillers.extend(float(i) for i in range(count))  # 24 bytes
+        else:
+            # a bytes object of n bytes takes 33 + n: exactly this block size
+            _fillers.extend(bytes(size - 33) for _ in range(count))
+
+
+# how often the warm-up runs its loop: a function is specialised for what it meets after
+# its eighth call (Python 3.11), so ten runs leave the warm-up's code specialised
+WARM_UP_RUNS = 10
+
+
+def _warm_up() -> None:
+    """Run, ``WARM_UP_RUNS`` times and to its end, a small event loop with what every worker's
+    loop does (tasks in a nursery, cancel scopes, events, a memory channel, a socket stream
+    sending and receiving, JSON both ways). A worker's first run of code initialises caches,
+    lazy module state, type version tags and its specialised bytecode: each a write to a page
+    it shares with the template, copied into each worker. Done once here, the workers share
+    the result. The loop is over (its epoll descriptor closed, the signal wake-up descriptor
+    restored) before the template forks anything, and it starts no thread.
+
+    Raises:
+        OSError: no socket pair for it (out of descriptors).
+    """
+    import trio
+
+    from ._protocol import Request, Response, ok
+    from ._stream import MessageStream
+
+    async def echo(stream: MessageStream, send: trio.MemorySendChannel[object]) -> None:
+        request = await stream.receive()
+        await send.send(request)
+        if isinstance(request, Request):
+            await stream.send(ok(request.id, {"text": "up"}))
+
+    async def once() -> None:
+        a, b = trio.socket.socketpair()
+        left = MessageStream(trio.SocketStream(a))
+        right = MessageStream(trio.SocketStream(b))
+        send, receive = trio.open_memory_channel[object](1)
+        event = trio.Event()
+        async with send, receive, trio.open_nursery() as nursery:
+            nursery.start_soon(echo, right, send)
+            await left.send(Request(id=1, op="prompt", client_id="c", args={"text": "warm"}))
+            await receive.receive()
+            if not isinstance(await left.receive(), Response):
+                raise ValueError("the warm-up's echo answered no response")
+            with trio.move_on_after(0):
+                await trio.sleep_forever()
+            nursery.start_soon(event.wait)
+            await trio.lowlevel.checkpoint()
+            event.set()
+        await left.aclose()
+        await right.aclose()
+
+    for _ in range(WARM_UP_RUNS):
+        trio.run(once)
+
+
 def _become_worker(start: _WorkerStart) -> None:
     """In the forked worker: take the descriptors, environment, cwd and signal dispositions
     an exec'd worker starts with."""
@@ -287,8 +390,7 @@ def serve_template() -> None:
     # the workers and spares it forks are its children: the kernel reaps them (no zombies,
     # no wait for one); each sets SIGCHLD back to the default at once
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    # no collection in the template at all: every object it makes stays where it is, on
-    # pages its children share (a collection would free holes in them, for a child to fill)
+    # no collection while it imports: one, after the warm-up, then the holes it leaves filled
     gc.disable()
     # 0, 1, 2 always open (so neither our socket nor a received descriptor is one of them)
     null = os.open(os.devnull, os.O_RDWR)
@@ -303,13 +405,27 @@ def serve_template() -> None:
         os.close(null)
     try:
         _preload()
+        try:
+            _warm_up()
+        except (OSError, ValueError) as exc:
+            # a template without it still forks good workers (each pays its first run itself)
+            print(f"trio-agentd worker fork template: warm-up failed ({exc}); serving"
+                  " without it", file=sys.stderr, flush=True)
         import threading
 
         if threading.active_count() != 1:
             # never fork a process with threads: no template, the workers are exec'd
-            sys.exit("trio-agentd worker fork template: an import started a thread; not"
-                     " serving (workers are started by exec)")
-        gc.freeze()  # no collection first: it would leave holes the children's objects fill
+            sys.exit("trio-agentd worker fork template: an import or the warm-up started"
+                     " a thread; not serving (workers are started by exec)")
+        # the warm-up's garbage (cycles: tasks, frames) collected, then every free block in
+        # the pools filled (see _fill_free_blocks), then all of it frozen
+        gc.collect()
+        try:
+            _fill_free_blocks()
+        except OSError as exc:
+            print(f"trio-agentd worker fork template: free blocks not filled ({exc})",
+                  file=sys.stderr, flush=True)
+        gc.freeze()
         _reply(sock, {"ready": os.getpid()})
         start = _serve(sock)
     except (BrokenPipeError, ConnectionResetError):
