@@ -209,9 +209,9 @@ def test_commit_renames_after_the_data_is_synced(tmp_path: Path,
     order: list[str] = []
     real_sync, real_replace = _groupwrite._sync_data, os.replace
 
-    def sync(tmps: list[str], dirs: list[str]) -> None:
+    def sync(tmps: list[str]) -> None:
         order.append("sync")
-        real_sync(tmps, dirs)
+        real_sync(tmps)
 
     def replace(src: str, dst: str) -> None:
         order.append("rename")
@@ -223,3 +223,26 @@ def test_commit_renames_after_the_data_is_synced(tmp_path: Path,
     tmp.write_bytes(b"x")
     assert _groupwrite.commit([(str(tmp_path / "x"), str(tmp))]) == {}
     assert order == ["sync", "rename"]
+
+
+def test_a_commit_fsyncs_each_file_it_wrote_and_flushes_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Durability comes from an fsync of each temp file (its inode), never from a flush of the
+    whole filesystem: the set of inodes fsynced is exactly the temp files and the directory."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    batch = []
+    for name in ("a", "b", "c"):
+        tmp = tmp_path / f".{name}.tmp"
+        tmp.write_bytes(name.encode())
+        batch.append((str(tmp_path / name), str(tmp)))
+    inodes = {os.stat(t).st_ino for _, t in batch}
+    assert _groupwrite.commit(batch) == {}
+    assert sorted(synced) == sorted([*inodes, os.stat(tmp_path).st_ino])
+    assert [(tmp_path / n).read_bytes() for n in ("a", "b", "c")] == [b"a", b"b", b"c"]
