@@ -1,24 +1,6 @@
-"""A fork server for workers: a pre-imported *template* process that forks new workers.
-
-Starting a worker by exec pays a Python start and the import of trio and of the worker's
-modules (≈ 100 ms of CPU, ≈ 16 MB of private memory each). The template pays it once: it is
-started (``python -E -P -m trio_agentd.worker --template``, the same interpreter and flags as
-a worker) by the supervisor, imports everything a worker imports with the collector off,
-runs a warm-up loop to its end (:func:`_warm_up`), collects once, fills the free blocks of
-its allocator's pools (:func:`_fill_free_blocks`), freezes its heap (``gc.freeze()``, so the
-children's collector never writes to the objects they share) and then only waits on a private
-socketpair (its stdin) for requests. Once it serves it runs no event loop and no thread, so a
-fork of it is safe.
-
-A request carries three descriptors (``SCM_RIGHTS``: the worker's stdin and stdout pipes and
-its log) and the worker's environment. The template forks twice: the grandchild calls
-``setsid`` (its own session and process group, as an exec'd worker's), tells the template its
-pid, takes the three descriptors as 0, 1, 2, closes every other descriptor, takes the
-environment (``os.environ``, so also what its agents inherit), ``cd /``, the signal
-dispositions of a fresh interpreter, and runs the worker's ``main()``: from there on it is an
-exec'd worker (config on stdin, the ``go`` gate, ``ready`` on stdout). The middle process
-exits at once, so the worker is no child of the template: it survives the template, and is
-waited for like an adopted worker (a pidfd).
+"""A fork server for workers, the supervisor's side: :class:`ForkServer` runs the
+pre-imported *template* process (:mod:`._forktemplate`, which says what it does and why) and
+asks it for workers.
 
 The supervisor side (:class:`ForkServer`) runs the template in the service nursery, restarts
 it when it dies (after ``fork_template_restart_delay``, doubling while it keeps dying before it
@@ -34,19 +16,16 @@ import array
 import collections
 import contextlib
 import errno as _errno
-import gc
 import json
 import logging
 import math
 import os
-import signal
 import socket
-import struct
 import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from ._forktemplate import HEADER, MAX_MESSAGE, TEMPLATE_FLAG, interpreter_env
 
 # its timing: see trio_agentd.timing
 from .timing import FORK_TEMPLATE_EXIT_POLL as EXIT_POLL
@@ -61,381 +40,6 @@ if TYPE_CHECKING:
     import trio
 
 log = logging.getLogger("trio_agentd.supervisor")
-
-TEMPLATE_FLAG = "--template"
-_HEADER = struct.Struct("!I")
-# the most a request or a reply may be (the environment is the big part): bounded buffers
-MAX_MESSAGE = 4 * 1024 * 1024
-# environment variables an interpreter reads at its start even under -E (the user site dir
-# under HOME; the locale: the filesystem and stdio encodings, UTF-8 mode): a worker whose
-# environment differs here from the template's is exec'd, so it starts as it always did
-INTERPRETER_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE")
-
-
-def interpreter_env(env: Mapping[str, str]) -> dict[str, str | None]:
-    return {k: env.get(k) for k in INTERPRETER_ENV}
-
-
-# --- the template (no trio, no threads) ---------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _WorkerStart:
-    """What a freshly forked worker takes over: its three descriptors and its environment."""
-
-    fds: tuple[int, int, int]
-    env: dict[str, str]
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
-
-
-def _receive_request(sock: socket.socket) -> tuple[list[int], bytes] | None:
-    """One request: (its descriptors, its JSON body); ``None`` on EOF (the supervisor is gone)."""
-    fds = array.array("i")
-    msg, anc, _flags, _addr = sock.recvmsg(
-        _HEADER.size, socket.CMSG_SPACE(16 * fds.itemsize)
-    )
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    received = list(fds)
-    if not msg:
-        _close_all(received)
-        return None
-    rest = _recv_exactly(sock, _HEADER.size - len(msg))
-    if rest is None:
-        _close_all(received)
-        return None
-    (size,) = _HEADER.unpack(msg + rest)
-    body = _recv_exactly(sock, size) if size <= MAX_MESSAGE else None
-    if body is None:
-        _close_all(received)
-        return None
-    return received, body
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _reply(sock: socket.socket, obj: object) -> None:
-    body = json.dumps(obj).encode()
-    sock.sendall(_HEADER.pack(len(body)) + body)
-
-
-def _fork_worker(sock: socket.socket, fds: list[int], env: dict[str, str]) -> _WorkerStart | None:
-    """Fork a worker; in the worker return what it takes over, in the template ``None``
-    (after answering the supervisor with the worker's pid or the errno of the failure).
-
-    One fork, and the answer at once: the template waits for no other process to be
-    scheduled, so a burst of requests is served back to back (a worker that exits is reaped
-    by the kernel: the template ignores SIGCHLD)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    gc.freeze()  # what the loop allocated since, too: the children share it untouched
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        _close_all(fds)
-        _reply(sock, {"errno": exc.errno, "error": str(exc)})
-        return None
-    if pid == 0:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a worker waits for its own children
-        os.setsid()  # its own session and group, before it does anything else
-        in_fd, out_fd, err_fd = fds
-        return _WorkerStart((in_fd, out_fd, err_fd), env)
-    _close_all(fds)  # the worker's alone before anyone hears of it
-    _reply(sock, {"pid": pid})
-    return None
-
-
-def _fork_spare(sock: socket.socket, ctrl: int) -> _WorkerStart | None:
-    """Fork a *spare*: a worker forked ahead of need, parked on ``ctrl`` (its end of a
-    socketpair the supervisor made) until the supervisor sends it one start request (the
-    template's format: three descriptors and an environment). In the spare this returns
-    that request; it exits when ``ctrl`` closes first (the supervisor dropped it, or died)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    gc.freeze()
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        os.close(ctrl)
-        _reply(sock, {"errno": exc.errno, "error": str(exc)})
-        return None
-    if pid != 0:
-        os.close(ctrl)  # the spare's alone before anyone hears of it
-        _reply(sock, {"pid": pid})
-        return None
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.setsid()
-    sock.detach()  # closed below by number: the template's loop must not close it again
-    # nothing of the template's: only 0, 1, 2 on /dev/null and the control socket
-    null = os.open(os.devnull, os.O_RDWR)
-    for target in (0, 1, 2):
-        os.dup2(null, target)
-    os.dup2(ctrl, 3)
-    os.closerange(4, _max_fd())
-    parked = socket.socket(fileno=3)
-    try:
-        got = _receive_request(parked)
-    except OSError:
-        got = None
-    parked.close()
-    start = _parse_start(got)
-    if start is None:
-        os._exit(0)  # dropped (EOF), or a request it cannot run: nothing to clean up
-    return start
-
-
-def _parse_start(got: tuple[list[int], bytes] | None) -> _WorkerStart | None:
-    if got is None:
-        return None
-    fds, body = got
-    try:
-        env = json.loads(body)["env"]
-        ok = len(fds) == 3 and isinstance(env, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        )
-    except (ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        _close_all(fds)
-        return None
-    return _WorkerStart((fds[0], fds[1], fds[2]), env)
-
-
-def _serve(sock: socket.socket) -> _WorkerStart | None:
-    """The template's loop: one request at a time until EOF. Returns in a forked worker."""
-    while True:
-        got = _receive_request(sock)
-        if got is None:
-            return None
-        fds, body = got
-        try:
-            spare = json.loads(body).get("spare") is True
-        except (ValueError, AttributeError):
-            spare = False
-        if spare:
-            if len(fds) != 1:
-                _close_all(fds)
-                _reply(sock, {"errno": _errno.EINVAL, "error": "malformed request"})
-                continue
-            start = _fork_spare(sock, fds[0])
-        else:
-            parsed = _parse_start(got)
-            if parsed is None:
-                _reply(sock, {"errno": _errno.EINVAL, "error": "malformed request"})
-                continue
-            start = _fork_worker(sock, list(parsed.fds), parsed.env)
-        if start is not None:
-            sock.close()
-            return start
-
-
-def _preload() -> None:
-    """Import what a worker imports, so its forks need not."""
-    import resource  # noqa: F401  (the worker raises its descriptor limit)
-
-    import trio  # noqa: F401
-    import trio_util  # noqa: F401
-
-    from . import _exhaustion, _fs, _inotify, _trust, _worker, timing  # noqa: F401
-    from .agents import _echo, _exec, _shell  # noqa: F401
-
-
-# the template's filler objects (see :func:`_fill_free_blocks`): alive as long as it is
-_fillers: list[object] = []
-
-
-def _free_blocks() -> dict[int, int]:
-    """The free blocks in the object allocator's pools in use, by block size (what
-    ``sys._debugmallocstats()`` prints on the C level ``stderr``: read through a memfd).
-
-    Raises:
-        OSError: no descriptor for the memfd (or for a copy of ``stderr``).
-    """
-    out = os.memfd_create("mallocstats")
-    with open(out, "rb") as f:
-        saved = os.dup(2)
-        try:
-            os.dup2(out, 2)
-            sys._debugmallocstats()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        f.seek(0)
-        text = f.read(1 << 16).decode("ascii", "replace")
-    free: dict[int, int] = {}
-    for line in text.splitlines():
-        cols = line.split()
-        if len(cols) == 5 and all(c.isdigit() for c in cols):
-            free[int(cols[1])] = int(cols[4])
-    return free
-
-
-def _fill_free_blocks() -> None:
-    """Fill every free block of the object allocator's pools in use with a filler object
-    the template keeps. A worker's first objects otherwise go to these blocks, scattered
-    over the pages it shares with the template: each one copies a page (and the pool's
-    header page). Filled, its objects go to pools of their own, packed.
-
-    Raises:
-        OSError: as :func:`_free_blocks`.
-    """
-    for size, count in sorted(_free_blocks().items()):
-        if size <= 16:
-            _fillers.extend(object() for _ in range(count))
-        elif size <= 32:
-            _fillers.extend(float(i) for i in range(count))  # 24 bytes
-        else:
-            # a bytes object of n bytes takes 33 + n: exactly this block size
-            _fillers.extend(bytes(size - 33) for _ in range(count))
-
-
-# how often the warm-up runs its loop: a function is specialised for what it meets after
-# its eighth call (Python 3.11), so ten runs leave the warm-up's code specialised
-WARM_UP_RUNS = 10
-
-
-def _warm_up() -> None:
-    """Run, ``WARM_UP_RUNS`` times and to its end, a small event loop with what every worker's
-    loop does (tasks in a nursery, cancel scopes, events, a memory channel, a socket stream
-    sending and receiving, JSON both ways). A worker's first run of code initialises caches,
-    lazy module state, type version tags and its specialised bytecode: each a write to a page
-    it shares with the template, copied into each worker. Done once here, the workers share
-    the result. The loop is over (its epoll descriptor closed, the signal wake-up descriptor
-    restored) before the template forks anything, and it starts no thread.
-
-    Raises:
-        OSError: no socket pair for it (out of descriptors).
-    """
-    import trio
-
-    from ._protocol import Request, Response, ok
-    from ._stream import MessageStream
-
-    async def echo(stream: MessageStream, send: trio.MemorySendChannel[object]) -> None:
-        request = await stream.receive()
-        await send.send(request)
-        if isinstance(request, Request):
-            await stream.send(ok(request.id, {"text": "up"}))
-
-    async def once() -> None:
-        a, b = trio.socket.socketpair()
-        left = MessageStream(trio.SocketStream(a))
-        right = MessageStream(trio.SocketStream(b))
-        send, receive = trio.open_memory_channel[object](1)
-        event = trio.Event()
-        async with send, receive, trio.open_nursery() as nursery:
-            nursery.start_soon(echo, right, send)
-            await left.send(Request(id=1, op="prompt", client_id="c", args={"text": "warm"}))
-            await receive.receive()
-            if not isinstance(await left.receive(), Response):
-                raise ValueError("the warm-up's echo answered no response")
-            with trio.move_on_after(0):
-                await trio.sleep_forever()
-            nursery.start_soon(event.wait)
-            await trio.lowlevel.checkpoint()
-            event.set()
-        await left.aclose()
-        await right.aclose()
-
-    for _ in range(WARM_UP_RUNS):
-        trio.run(once)
-
-
-def _become_worker(start: _WorkerStart) -> None:
-    """In the forked worker: take the descriptors, environment, cwd and signal dispositions
-    an exec'd worker starts with."""
-    for target, fd in enumerate(start.fds):
-        os.dup2(fd, target)
-    os.closerange(3, _max_fd())
-    os.environ.clear()
-    os.environ.update(start.env)
-    time.tzset()
-    gc.enable()  # as in any interpreter; the template's objects stay frozen, never scanned
-    os.chdir("/")
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    del sys.argv[1:]  # as ``python -m trio_agentd.worker`` has it: the module's path
-    import importlib
-
-    importlib.invalidate_caches()  # the agent's modules may be newer than the template
-
-
-def _max_fd() -> int:
-    try:
-        return max(int(os.sysconf("SC_OPEN_MAX")), 256)
-    except (ValueError, OSError):
-        return 65536
-
-
-def serve_template() -> None:
-    """``python -m trio_agentd.worker --template``: the template's main. Returns in a forked
-    worker, ready for the worker's ``main()``; in the template exits when the supervisor's
-    end of the socket closes."""
-    # Ctrl-C on a foreground supervisor reaches its process group: the template ends with
-    # the supervisor (its socket closes), never with a traceback of its own
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # the workers and spares it forks are its children: the kernel reaps them (no zombies,
-    # no wait for one); each sets SIGCHLD back to the default at once
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    # no collection while it imports: one, after the warm-up, then the holes it leaves filled
-    gc.disable()
-    # 0, 1, 2 always open (so neither our socket nor a received descriptor is one of them)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            os.dup2(null, fd)
-    sock = socket.socket(fileno=os.dup(0))
-    os.dup2(null, 0)
-    if null > 2:
-        os.close(null)
-    try:
-        _preload()
-        try:
-            _warm_up()
-        except (OSError, ValueError) as exc:
-            # a template without it still forks good workers (each pays its first run itself)
-            print(f"trio-agentd worker fork template: warm-up failed ({exc}); serving"
-                  " without it", file=sys.stderr, flush=True)
-        import threading
-
-        if threading.active_count() != 1:
-            # never fork a process with threads: no template, the workers are exec'd
-            sys.exit("trio-agentd worker fork template: an import or the warm-up started"
-                     " a thread; not serving (workers are started by exec)")
-        # the warm-up's garbage (cycles: tasks, frames) collected, then every free block in
-        # the pools filled (see _fill_free_blocks), then all of it frozen
-        gc.collect()
-        try:
-            _fill_free_blocks()
-        except OSError as exc:
-            print(f"trio-agentd worker fork template: free blocks not filled ({exc})",
-                  file=sys.stderr, flush=True)
-        gc.freeze()
-        _reply(sock, {"ready": os.getpid()})
-        start = _serve(sock)
-    except (BrokenPipeError, ConnectionResetError):
-        start = None  # the supervisor is gone
-    if start is None:
-        sys.exit(0)
-    _become_worker(start)
-
-
-# --- the supervisor's side ----------------------------------------------------------------------
 
 # a template started by :func:`start_early` before the daemon's own imports, for its first
 # :class:`ForkServer` to take: (the process, our end of its socket, the environment it got)
@@ -719,10 +323,10 @@ class ForkServer:
 
     async def _read_reply(self) -> object:
         assert self._sock is not None
-        head = await self._recv_exactly(_HEADER.size)
+        head = await self._recv_exactly(HEADER.size)
         if head is None:
             return None
-        (size,) = _HEADER.unpack(head)
+        (size,) = HEADER.unpack(head)
         if size > MAX_MESSAGE:
             return None
         body = await self._recv_exactly(size)
@@ -745,7 +349,7 @@ class ForkServer:
         """Send one request and wait for its answer; ``None`` when no template answers."""
         import trio
 
-        data = _HEADER.pack(len(body)) + body
+        data = HEADER.pack(len(body)) + body
         pending = _Pending(trio.Event())
         async with self._send_lock:
             sock, proc = self._sock, self._proc
@@ -830,7 +434,7 @@ class ForkServer:
         from ._identity import read_start_id
 
         body = json.dumps({"env": dict(env)}).encode()
-        data = _HEADER.pack(len(body)) + body
+        data = HEADER.pack(len(body)) + body
         try:
             if len(body) > MAX_MESSAGE or read_start_id(spare.pid) != spare.start_id:
                 return False

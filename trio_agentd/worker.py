@@ -1,6 +1,6 @@
 """``python -m trio_agentd.worker`` — a session worker (started by the supervisor only).
 
-With ``--template`` it is the supervisor's fork template (``_forkserver``): each worker it
+With ``--template`` it is the supervisor's fork template (``_forktemplate``): each worker it
 forks returns from ``serve_template()`` and runs ``main()`` as an exec'd worker does.
 
 A worker that ends (a stop, a signal, an error it reports) leaves with ``os._exit`` once its
@@ -46,7 +46,7 @@ def run_and_exit() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--template"]:
-        from ._forkserver import serve_template
+        from ._forktemplate import serve_template
 
         serve_template()
     run_and_exit()

@@ -18,7 +18,8 @@ import pytest
 import trio
 
 from trio_agentd import _forkserver
-from trio_agentd._forkserver import _HEADER, TEMPLATE_FLAG, ForkServer, interpreter_env
+from trio_agentd._forkserver import ForkServer
+from trio_agentd._forktemplate import HEADER, TEMPLATE_FLAG, interpreter_env
 from trio_agentd._trust import isolated_python
 
 from .harness import wait_for
@@ -27,16 +28,16 @@ from .harness import wait_for
 def _send(sock: socket.socket, body: object, fds: list[int]) -> None:
     data = json.dumps(body).encode()
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([_HEADER.pack(len(data)) + data], anc)
+    sock.sendmsg([HEADER.pack(len(data)) + data], anc)
 
 
 def _recv(sock: socket.socket) -> dict[str, object]:
     head = b""
-    while len(head) < _HEADER.size:
-        chunk = sock.recv(_HEADER.size - len(head))
+    while len(head) < HEADER.size:
+        chunk = sock.recv(HEADER.size - len(head))
         assert chunk, "the template closed its socket"
         head += chunk
-    (size,) = _HEADER.unpack(head)
+    (size,) = HEADER.unpack(head)
     body = b""
     while len(body) < size:
         chunk = sock.recv(size - len(body))

@@ -13,8 +13,8 @@ import sys
 PREAMBLE = """
 import gc, json, os, signal, sys, threading
 gc.disable()
-from trio_agentd import _forkserver
-_forkserver._preload()
+from trio_agentd import _forktemplate
+_forktemplate._preload()
 """
 
 
@@ -29,7 +29,7 @@ def _run(body: str) -> dict[str, object]:
 def test_the_warm_up_leaves_no_loop_no_thread_and_no_descriptor() -> None:
     got = _run("""
 fds = sorted(os.listdir("/proc/self/fd"))
-_forkserver._warm_up()
+_forktemplate._warm_up()
 import trio
 try:
     trio.lowlevel.current_trio_token()
@@ -39,7 +39,7 @@ except RuntimeError:
 after = sorted(os.listdir("/proc/self/fd"))
 print(json.dumps({"threads": threading.active_count(), "loop": loop,
                   "wakeup_fd": signal.set_wakeup_fd(-1), "new_fds": len(after) - len(fds),
-                  "runs": _forkserver.WARM_UP_RUNS}))
+                  "runs": _forktemplate.WARM_UP_RUNS}))
 """)
     assert got == {"threads": 1, "loop": False, "wakeup_fd": -1, "new_fds": 0, "runs": 10}
 
@@ -47,9 +47,9 @@ print(json.dumps({"threads": threading.active_count(), "loop": loop,
 def test_filling_leaves_at_most_one_partly_used_pool_per_block_size() -> None:
     got = _run("""
 gc.collect()
-before = _forkserver._free_blocks()
-_forkserver._fill_free_blocks()
-after = _forkserver._free_blocks()
+before = _forktemplate._free_blocks()
+_forktemplate._fill_free_blocks()
+after = _forktemplate._free_blocks()
 print(json.dumps({"before": before, "after": after}))
 """)
     before = {int(k): v for k, v in dict(got["before"]).items()}  # type: ignore[call-overload]
