@@ -10,12 +10,13 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from trio_agentd import _groupwrite
 from trio_agentd._groupwrite import GroupWriter
 from trio_agentd._paths import Layout
 from trio_agentd._procops import ProcessWorkerOps
 from trio_agentd._registry import Ownership, Registry
 from trio_agentd.timing import DEFAULT_TIMING
+
+from ..held_commit import HeldCommit
 
 
 async def test_forget_returns_once_a_descriptor_being_committed_is_gone(tmp_path: Path) -> None:
@@ -24,16 +25,8 @@ async def test_forget_returns_once_a_descriptor_being_committed_is_gone(tmp_path
     own = Ownership(Registry(layout.registry), layout, generation="g", app_version="t",
                     protocol=1)
     ops = ProcessWorkerOps(layout, own, DEFAULT_TIMING)
-    in_commit = trio.Event()
-    release = trio.Event()
-    token = trio.lowlevel.current_trio_token()
-
-    def blocking(batch: list[tuple[str, str]]) -> dict[str, OSError]:
-        trio.from_thread.run_sync(in_commit.set, trio_token=token)
-        trio.from_thread.run(release.wait, trio_token=token)
-        return _groupwrite.commit(batch)
-
-    ops.writer = GroupWriter(commit_batch=blocking)
+    held = HeldCommit()
+    ops.writer = GroupWriter(commit_batch=held)
     descriptor = layout.descriptor_path("b")
     ops.writer.stage(descriptor, b"{}")
     forgotten: list[bool] = []
@@ -44,10 +37,10 @@ async def test_forget_returns_once_a_descriptor_being_committed_is_gone(tmp_path
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ops.writer.durable)
-        await in_commit.wait()
+        await held.started.wait()
         nursery.start_soon(forget)
         await trio.testing.wait_all_tasks_blocked()
         assert forgotten == []  # the commit that holds the descriptor still runs
-        release.set()
+        held.release.set()
     assert forgotten == [False]
     assert not descriptor.exists()

@@ -13,6 +13,8 @@ import trio.testing
 from trio_agentd import _groupwrite
 from trio_agentd._groupwrite import GroupWriter
 
+from ..held_commit import HeldCommit
+
 
 def _tmps(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.name.endswith(".tmp"))
@@ -81,23 +83,15 @@ async def test_concurrent_waiters_share_commits_and_later_writes_go_to_the_next(
 
 async def test_a_dropped_path_is_never_brought_back_even_mid_commit(tmp_path: Path) -> None:
     path = tmp_path / "gone.json"
-    in_commit = trio.Event()
-    release = trio.Event()
-    token = trio.lowlevel.current_trio_token()
-
-    def blocking(batch: list[tuple[str, str]]) -> dict[str, OSError]:
-        trio.from_thread.run_sync(in_commit.set, trio_token=token)
-        trio.from_thread.run(release.wait, trio_token=token)
-        return _groupwrite.commit(batch)
-
-    w = GroupWriter(commit_batch=blocking)
+    held = HeldCommit()
+    w = GroupWriter(commit_batch=held)
     w.stage(path, b"v1")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(w.durable)
-        await in_commit.wait()
+        await held.started.wait()
         w.drop(path)  # forgotten while its write is being committed
         path.unlink(missing_ok=True)
-        release.set()
+        held.release.set()
     assert not path.exists()
     # and a staged write that is dropped before any commit never lands
     w.stage(path, b"v2")
@@ -112,16 +106,8 @@ async def test_settled_returns_only_once_a_dropped_path_mid_commit_is_gone(tmp_p
     """What ``rm`` relies on: once the writer has settled after a drop, the file is gone for
     good, although a commit that held it was still running when it was dropped."""
     path = tmp_path / "gone.json"
-    in_commit = trio.Event()
-    release = trio.Event()
-    token = trio.lowlevel.current_trio_token()
-
-    def blocking(batch: list[tuple[str, str]]) -> dict[str, OSError]:
-        trio.from_thread.run_sync(in_commit.set, trio_token=token)
-        trio.from_thread.run(release.wait, trio_token=token)
-        return _groupwrite.commit(batch)
-
-    w = GroupWriter(commit_batch=blocking)
+    held = HeldCommit()
+    w = GroupWriter(commit_batch=held)
     w.stage(path, b"v1")
     settled_with: list[bool] = []
 
@@ -131,13 +117,13 @@ async def test_settled_returns_only_once_a_dropped_path_mid_commit_is_gone(tmp_p
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(w.durable)
-        await in_commit.wait()
+        await held.started.wait()
         w.drop(path)
         path.unlink(missing_ok=True)
         nursery.start_soon(settle)
         await trio.testing.wait_all_tasks_blocked()
         assert settled_with == []  # the commit still runs: not settled yet
-        release.set()
+        held.release.set()
     assert settled_with == [False]
     await w.settled()  # nothing under way: at once
 
