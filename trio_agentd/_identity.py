@@ -286,7 +286,7 @@ def kill_group_members(group: GroupIdentity, sig: int) -> list[int]:
     except (IndexError, ValueError):
         return []
     hit: list[int] = []
-    for name in os.listdir("/proc"):
+    for name in os.listdir(_PROC):
         if not name.isdigit():
             continue
         pid = int(name)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._fs import write_all
+from . import _fs
 
 INLINE_MAX = 64 * 1024  # bytes of a reply kept in the records themselves
 CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 MiB frame)
@@ -93,18 +93,16 @@ class TurnOutput:
             if self._fd is None:
                 self._spill()
             assert self._fd is not None
-            write_all(self._fd, data)
+            _fs.write_all(self._fd, data)
         self.size += len(data)
 
     def _spill(self) -> None:
-        from . import _fs
-
         assert self.path is not None
         _fs.ensure_dir(self.path.parent)
         # readable too: the live stream is sent from it (sendfile)
         self._fd = _fs.open_trusted(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         if self._memory:
-            write_all(self._fd, bytes(self._memory))
+            _fs.write_all(self._fd, bytes(self._memory))
         self._memory = None
 
     def take(self, fd: int, size: int) -> tuple[int, bytes | None]:
@@ -168,8 +166,6 @@ class TurnOutput:
 
 def read_file(path: Path, start: int, end: int | None = None) -> Iterator[tuple[int, bytes]]:
     """``(offset, bytes)`` pieces of a spilled output file (nothing if it is gone)."""
-    from . import _fs
-
     try:
         fd = _fs.open_trusted(path)
     except FileNotFoundError:
