@@ -15,7 +15,7 @@ from ._errors import AgentdError, ErrorCode
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
+    from typing import Any, NoReturn
 
     from ._paths import Layout
 
@@ -59,7 +59,15 @@ def daemon_settings() -> dict[str, Any] | None:
     return _config.supervisor_options(settings)
 
 
-def cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
+def cmd_daemon(layout: Layout, args: argparse.Namespace) -> NoReturn:
+    """Run the supervisor until it stops; then the process ends, without the interpreter's
+    teardown (:func:`._cli_exit.exit_after_cleanup`): ``shutdown`` waits for it to be gone."""
+    from ._cli_exit import exit_after_cleanup
+
+    exit_after_cleanup(_run_daemon(layout, args))
+
+
+def _run_daemon(layout: Layout, args: argparse.Namespace) -> int:
     from ._forkserver import start_early
 
     start_early()  # the worker fork template starts beside the imports below, not after them

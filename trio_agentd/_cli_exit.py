@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
+if TYPE_CHECKING:
+    from typing import NoReturn
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DOCTOR = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, as a shell reports it
 EXIT_PIPE = 128 + 13  # stdout closed early: the status a shell reports for death by SIGPIPE
@@ -62,4 +66,32 @@ def exit_now(code: int) -> None:
         sys.exit(code)  # the ordinary exit reports or hides it as it always did
     if atexit._ncallbacks() or any(name in sys.modules for name in _EXIT_HOOKED):
         sys.exit(code)
+    os._exit(code)
+
+
+def exit_after_cleanup(code: int) -> NoReturn:
+    """End a long-running process (the supervisor, once stopped) with ``code``: its ``atexit``
+    handlers run, its log handlers are flushed and closed, stdout and stderr flushed, and then
+    it leaves without the interpreter's teardown of every module and object, which only costs
+    time: a supervisor that held 100 sessions took 0.5 to 1.1 s from the end of ``trio.run``
+    to its exit on a loaded 2-core machine, and 8 ms without (measured), and ``trio-agentd
+    shutdown`` waits for its exit. A thread that is not a daemon thread is still waited for:
+    with one left, the ordinary exit runs.
+    """
+    import atexit
+    import contextlib
+    import threading
+
+    main = threading.main_thread()
+    if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    if "logging" in sys.modules:
+        import logging
+
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        # a closed or broken stream: nobody reads it any more, nothing is lost unflushed
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
     os._exit(code)
