@@ -150,6 +150,9 @@ def command_index(argv: list[str]) -> int:
 # as -h, an abbreviation or a repeated global option, goes to argparse as before)
 _LOOK_FLAGS = {
     "ps": ("--json",), "status": ("--json",), "doctor": ("--fix", "--dry-run", "--json"),
+    # not a look, but as short: building the parser (its `service` part imports dataclasses,
+    # tempfile, shutil, random) cost more than shutdown's own work before its request
+    "shutdown": ("--all", "--force", "--json"),
 }
 
 
@@ -157,8 +160,8 @@ _DEST = {"--daemon-socket": "--socket", "--verbose": "-v"}
 
 
 def look_args(argv: list[str], at: int) -> Any:
-    """The namespace argparse would make of ``[globals] ps|status|doctor [flags]``, or
-    ``None`` for any other command line."""
+    """The namespace argparse would make of ``[globals] ps|status|doctor|shutdown [flags]``,
+    or ``None`` for any other command line."""
     flags = _LOOK_FLAGS.get(argv[at]) if at < len(argv) else None
     if flags is None or not set(argv[at + 1 :]) <= set(flags):
         return None

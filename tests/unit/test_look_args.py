@@ -1,6 +1,6 @@
-"""``ps``, ``status`` and ``doctor`` are parsed without argparse (building the parser cost more
-than their own work): the namespace is the one argparse makes, and anything unusual still goes
-to argparse."""
+"""``ps``, ``status``, ``doctor`` and ``shutdown`` are parsed without argparse (building the
+parser cost more than their own work): the namespace is the one argparse makes, and anything
+unusual still goes to argparse."""
 
 from __future__ import annotations
 
@@ -25,12 +25,17 @@ SAME = [
     ["--socket=/s/d.sock", "--home", "/h", "--registry", "/r", "-v", "doctor", "--fix"],
     ["--daemon-socket", "/s/d.sock", "--verbose", "ps", "--json"],
     ["-v", "-v", "status"],
+    ["shutdown"],
+    ["shutdown", "--json"],
+    ["--socket", "/s/d.sock", "shutdown", "--all", "--force", "--json"],
 ]
 
 TO_ARGPARSE = [
     ["ps", "-h"],
     ["ps", "--js"],  # an abbreviation argparse accepts
     ["doctor", "--force"],
+    ["shutdown", "--al"],
+    ["shutdown", "--fix"],
     ["ps", "extra"],
     ["--home", "/a", "--home", "/b", "ps"],  # argparse: the last wins
     ["--socket", "/a", "--daemon-socket", "/b", "ps"],
@@ -65,3 +70,17 @@ def test_ps_imports_no_argparse(tmp_path: Path) -> None:
     cp = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                         timeout=60, check=True)
     assert cp.stdout.splitlines()[-1] == "0 False"
+
+
+def test_shutdown_imports_no_argparse(tmp_path: Path) -> None:
+    """``shutdown`` is timed from its start to everything gone: no parser is built first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIO_AGENTD_", "XDG_"))}
+    env.update(HOME=str(tmp_path), TRIO_AGENTD_HOME=str(tmp_path / "h"),
+               TRIO_AGENTD_REGISTRY_DIR=str(tmp_path / "r"),
+               TRIO_AGENTD_SOCKET=str(tmp_path / "s" / "d.sock"),
+               XDG_RUNTIME_DIR=str(tmp_path))
+    code = ("import sys; from trio_agentd import cli; rc = cli.run(['shutdown', '--json']);"
+            " print(rc, 'argparse' in sys.modules)")
+    cp = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        timeout=60, check=True)
+    assert cp.stdout.splitlines() == ["[]", "0 False"]
