@@ -196,17 +196,35 @@ def wait_gone(pid: int, start_id: str | None, timeout: float, *,
     """Block until process ``pid`` (identity-checked by ``start_id``) is gone, ``timeout``
     seconds at most, looking every ``poll``; True if it is gone.
 
-    For the blocking CLI, which waits on a supervisor that is not its child (no pidfd here:
-    the warm path stays without trio).
+    For the blocking CLI, which waits on a supervisor that is not its child (without trio: the
+    warm path stays without it). Where the kernel gives a pidfd, the wait also ends the moment
+    the process exits (a pidfd is readable then), not at the next look: ``shutdown`` answers
+    as soon as its supervisor is gone.
     """
+    import select
     import time
 
     deadline = time.monotonic() + timeout
-    while is_alive(pid, start_id):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll)
-    return True
+    pidfd_open = getattr(os, "pidfd_open", None)
+    fd: int | None = None
+    if pidfd_open is not None and pid > 0:
+        try:
+            fd = pidfd_open(pid)
+        except OSError:
+            fd = None  # gone already, or no pidfds here: look every poll
+    try:
+        poller = select.poll()
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
+        while is_alive(pid, start_id):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller.poll(max(1, round(min(left, poll) * 1000)))  # a pidfd: wakes at the exit
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def signal_identity_checked(pid: int, start_id: str | None, sig: int) -> bool:

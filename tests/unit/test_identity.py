@@ -76,3 +76,25 @@ def test_an_observer_in_a_time_namespace_reads_the_same_start_id() -> None:
         assert child.stdin is not None
         child.stdin.close()
         child.wait(timeout=30)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd on this platform")
+def test_wait_gone_returns_when_the_process_exits_not_at_its_next_look() -> None:
+    """``shutdown`` waits on its supervisor with a pidfd: the wait ends with the exit, however
+    long the period between looks."""
+    import time
+
+    look_every = 30.0
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        start_id = _identity.read_start_id(child.pid)
+        assert _identity.is_alive(child.pid, start_id)
+        assert child.stdin is not None
+        child.stdin.close()  # it exits now; the wait below began before that or just after
+        t0 = time.monotonic()
+        assert _identity.wait_gone(child.pid, start_id, 2 * look_every, poll=look_every)
+        assert time.monotonic() - t0 < look_every / 2
+    finally:
+        child.kill()
+        child.wait()
