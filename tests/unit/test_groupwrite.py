@@ -232,3 +232,32 @@ def test_a_commit_fsyncs_each_file_it_wrote_and_flushes_nothing_else(
     assert _groupwrite.commit(batch) == {}
     assert sorted(synced) == sorted([*inodes, os.stat(tmp_path).st_ino])
     assert [(tmp_path / n).read_bytes() for n in ("a", "b", "c")] == [b"a", b"b", b"c"]
+
+
+def test_a_commits_fsyncs_wait_side_by_side(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal makes fsyncs that wait together durable in one flush: a batch's fsyncs are
+    in flight at the same time (each here waits until SYNC_THREADS of them are), not one after
+    another, and the renames come only once every one of them has ended."""
+    import threading
+
+    n = _groupwrite.SYNC_THREADS
+    together = threading.Barrier(n, timeout=5)
+    real = _groupwrite._fsync_file
+    synced: list[str] = []
+
+    def fsync_file(path: str) -> None:
+        together.wait()  # broken (an error) unless n fsyncs wait at once
+        real(path)
+        synced.append(path)
+
+    monkeypatch.setattr(_groupwrite, "_fsync_file", fsync_file)
+    batch = []
+    for i in range(2 * n):
+        tmp = tmp_path / f".f{i}.tmp"
+        tmp.write_bytes(b"%d" % i)
+        batch.append((str(tmp_path / f"f{i}"), str(tmp)))
+    assert _groupwrite.commit(batch) == {}
+    assert sorted(synced) == sorted(t for _, t in batch)
+    assert [(tmp_path / f"f{i}").read_bytes() for i in range(2 * n)] == [
+        b"%d" % i for i in range(2 * n)]
