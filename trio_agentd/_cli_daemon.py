@@ -67,6 +67,9 @@ def cmd_daemon(layout: Layout, args: argparse.Namespace) -> int:
     start_early()  # the worker fork template starts beside the imports below, not after them
     import logging
 
+    from ._trioimport import import_trio
+
+    import_trio()  # (without the ldconfig run a plain import costs)
     import trio
 
     from ._fs import ensure_dir
