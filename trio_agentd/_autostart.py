@@ -7,9 +7,15 @@ helper process, ``python -m trio_agentd._autostart``, which exits once the daemo
 
 The client spawns ``python -E -P -m trio_agentd --socket S --home H --registry R daemon
 --autostarted`` detached (new session, cwd ``/``, stdio to the daemon log: nothing is imported from
-the client's cwd) and polls for a hello. A spawned daemon that loses the
-race to another one exits 0 quietly (``--autostarted``), so the client keeps polling for the
-winner; one that exits non-zero makes the client fail with the exit code and the log's tail.
+the client's cwd) and probes for a hello every ``probe_interval``. Between probes it waits on a
+*readiness pipe* the daemon inherits (its write end, named by ``TRIO_AGENTD_AUTOSTART_FD``):
+the daemon writes ``ready`` to it once it serves hellos (the moment it would tell a service
+manager ``READY=1``) and closes it, so the client probes at once instead of at its next tick;
+an end of file (the daemon exited, having lost the race or failed) wakes it too. The pipe only
+says when to look: what the client trusts is still the probe's proof of the socket and its
+peer. A spawned daemon that loses the race to another one exits 0 quietly (``--autostarted``),
+so the client keeps probing for the winner; one that exits non-zero makes the client fail with
+the exit code and the log's tail.
 
 Upgrades use the same path (:func:`hand_over`). A client that meets a supervisor of an older
 installation (a lower protocol, or the same protocol and a lower app version) asks it to release
@@ -39,20 +45,24 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from ._sdnotify import Notifier
     from ._syncconn import _Conn
     from .timing import Timing
 
 
 
+# the write end of the readiness pipe of an autostarted daemon (a descriptor number)
+READY_FD_ENV = "TRIO_AGENTD_AUTOSTART_FD"
 # variables that tell one process which daemon to be; a spawned daemon gets flags instead
 _INTERNAL_ENV = frozenset({"TRIO_AGENTD_ADMISSION_TICKET", "TRIO_AGENTD_REGISTRY_DIR",
-                           "TRIO_AGENTD_HOME", "TRIO_AGENTD_SOCKET"})
+                           "TRIO_AGENTD_HOME", "TRIO_AGENTD_SOCKET", READY_FD_ENV})
 
 
 def spawn_daemon(
-    layout: Layout, *, extra_env: dict[str, str] | None = None
+    layout: Layout, *, extra_env: dict[str, str] | None = None, ready_pipe: bool = False
 ) -> subprocess.Popen[bytes]:
-    """Start ``trio-agentd daemon --autostarted`` detached, stdio to the daemon log."""
+    """Start ``trio-agentd daemon --autostarted`` detached, stdio to the daemon log;
+    ``ready_pipe``: with a readiness pipe, for :func:`wait_for_news`."""
     from ._fs import ensure_dir, open_trusted
     from ._trust import isolated_python
 
@@ -70,6 +80,15 @@ def spawn_daemon(
     # the daemon's own variables name this layout; nothing internal is left for its agents
     env = {k: v for k, v in os.environ.items() if k not in _INTERNAL_ENV}
     env.update(extra_env or {})
+    ready_r: int | None = None
+    ready_w: int | None = None
+    if ready_pipe:
+        import contextlib
+
+        with contextlib.suppress(OSError):  # no descriptors to spare: probes on ticks alone
+            ready_r, ready_w = os.pipe()
+    if ready_w is not None:
+        env[READY_FD_ENV] = str(ready_w)
     try:
         proc = subprocess.Popen(
             [*isolated_python("trio_agentd"), "--socket", layout.socket,
@@ -82,11 +101,94 @@ def spawn_daemon(
             close_fds=True,
             cwd="/",  # the daemon never holds the client's cwd (or its mount) busy
             env=env,
+            pass_fds=() if ready_w is None else (ready_w,),
         )
-        _log_offsets[proc.pid] = offset
-        return proc
+    except BaseException:
+        if ready_r is not None:
+            os.close(ready_r)
+        raise
     finally:
         os.close(log_fd)
+        if ready_w is not None:
+            os.close(ready_w)  # the daemon's alone: its exit is the pipe's end of file
+    _log_offsets[proc.pid] = offset
+    if ready_r is not None:
+        _ready_pipes[proc.pid] = ready_r
+    return proc
+
+
+# the read end of the readiness pipe of each supervisor this process spawned (by pid)
+_ready_pipes: dict[int, int] = {}
+
+
+def wait_for_news(proc: subprocess.Popen[bytes] | None, seconds: float) -> None:
+    """Wait ``seconds`` before the next probe, or less: until ``proc`` (a supervisor spawned
+    here) writes ``ready`` on its readiness pipe or exits (end of file). Once it has said
+    either, its pipe is closed and later waits are plain sleeps."""
+    fd = _ready_pipes.get(proc.pid) if proc is not None else None
+    if fd is None or proc is None:
+        time.sleep(seconds)
+        return
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if poller.poll(max(0, round(seconds * 1000))):  # (POLLHUP too: it exited)
+        drop_ready_pipe(proc)
+
+
+def drop_ready_pipe(proc: subprocess.Popen[bytes] | None) -> None:
+    """Close our end of ``proc``'s readiness pipe (if it has one still)."""
+    fd = _ready_pipes.pop(proc.pid, None) if proc is not None else None
+    if fd is not None:
+        os.close(fd)
+
+
+def take_ready_fd(environ: dict[str, str] | os._Environ[str]) -> int | None:
+    """In an autostarted daemon: the write end of its client's readiness pipe, taken out of
+    ``environ`` (no child inherits it: not the variable, not the descriptor); ``None`` when
+    there is none, or the variable names no pipe of ours."""
+    import stat
+
+    raw = environ.pop(READY_FD_ENV, None)
+    if raw is None or not raw.isdigit():
+        return None
+    fd = int(raw)
+    try:
+        if fd <= 2 or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return None
+        os.set_inheritable(fd, False)
+    except OSError:
+        return None
+    return fd
+
+
+def tell_ready(fd: int) -> None:
+    """Say ``ready`` on the readiness pipe ``fd`` and close it (the client may be gone)."""
+    try:
+        os.write(fd, b"ready\n")
+    except OSError:
+        pass  # its client gave up waiting (EPIPE): nobody to tell
+    finally:
+        os.close(fd)
+
+
+def readiness_notifier(fd: int) -> Notifier:
+    """The notifier of an autostarted daemon: its ``READY=1`` (sent once it serves hellos) is
+    :func:`tell_ready` on ``fd``; everything else goes nowhere, as for any daemon without a
+    service manager."""
+    from ._sdnotify import Notifier
+
+    left = [fd]
+
+    async def send(data: bytes) -> None:
+        import trio
+
+        if left and b"READY=1" in data.split(b"\n"):
+            tell_ready(left.pop())
+        await trio.lowlevel.checkpoint()
+
+    return Notifier(None, sender=send)
 
 
 def log_tail(path: Path, lines: int = 8) -> str:
@@ -197,15 +299,16 @@ def autostart_and_wait(
                             trace(f"autostart: supervisor pid {got[1].get('pid')} came up"
                                   " meanwhile")
                         return
-                    proc = spawn_daemon(layout)
+                    proc = spawn_daemon(layout, ready_pipe=True)
                     if trace is not None:
                         trace(f"autostart: spawned supervisor pid {proc.pid}; waiting for"
                               " its hello")
             elif (rc := proc.poll()) is not None and rc != 0:
                 raise startup_failed(layout, rc, proc.pid)
-            time.sleep(timing.probe_interval)
+            wait_for_news(proc, timing.probe_interval)
         raise startup_timeout(layout, timing.startup_timeout)
     finally:
+        drop_ready_pipe(proc)
         if lock_fd is not None:
             _fs.unlock(lock_fd)
 
@@ -326,10 +429,10 @@ def hand_over(
                 continue
             if got is None:  # the old one is gone: start ours
                 if proc is None:
-                    proc = spawn_daemon(layout)
+                    proc = spawn_daemon(layout, ready_pipe=True)
                 elif (rc := proc.poll()) is not None and rc != 0:
                     raise startup_failed(layout, rc, proc.pid)
-                time.sleep(timing.probe_interval)
+                wait_for_news(proc, timing.probe_interval)
                 continue
             conn, hello = got
             try:
@@ -375,8 +478,10 @@ def hand_over(
                 time.sleep(HANDOVER_POLL)
                 continue
             _release(layout, conn, hello)
+            drop_ready_pipe(proc)
             proc = None  # (a supervisor we spawned lost to another one, now released too)
     finally:
+        drop_ready_pipe(proc)
         if lock_fd is not None:
             _fs.unlock(lock_fd)
 

@@ -68,11 +68,16 @@ def cmd_daemon(layout: Layout, args: argparse.Namespace) -> NoReturn:
 
 
 def _run_daemon(layout: Layout, args: argparse.Namespace) -> int:
+    from ._autostart import take_ready_fd
     from ._forkserver import start_early
 
+    ready_fd = take_ready_fd(os.environ)  # (before anything is started: nothing inherits it)
     start_early()  # the worker fork template starts beside the imports below, not after them
     import logging
 
+    from ._trioimport import import_trio
+
+    import_trio()  # (without the ldconfig run a plain import costs)
     import trio
 
     from ._fs import ensure_dir
@@ -108,8 +113,15 @@ def _run_daemon(layout: Layout, args: argparse.Namespace) -> int:
     if args.autostarted:
         for name in NOTIFY_ENV:
             os.environ.pop(name, None)
-        notifier = Notifier(None)
+        if ready_fd is not None:  # its client waits on the pipe, not only on its probe ticks
+            from ._autostart import readiness_notifier
+
+            notifier = readiness_notifier(ready_fd)
+        else:
+            notifier = Notifier(None)
     else:
+        if ready_fd is not None:
+            os.close(ready_fd)
         notifier = Notifier.from_environ(os.environ)
     from ._errors import single_errors
 

@@ -67,6 +67,31 @@ def _sync_data(tmps: list[str]) -> None:
         future.result()
 
 
+def _sync_dirs(dirs: list[str]) -> dict[str, OSError]:
+    """``fsync`` each directory, side by side as :func:`_sync_data` does its files (a launch
+    of many sessions commits each one's own session directory: one per session, with the
+    descriptors' and tokens'); what failed, by directory."""
+    failed: dict[str, OSError] = {}
+    if len(dirs) < 2:
+        for d in dirs:
+            try:
+                _fs.fsync_dir(d)
+            except OSError as error:
+                failed[d] = error
+        return failed
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(len(dirs), SYNC_THREADS)) as pool:
+        done = [(d, pool.submit(_fs.fsync_dir, d)) for d in dirs]
+    for d, future in done:
+        problem = future.exception()
+        if isinstance(problem, OSError):
+            failed[d] = problem
+        elif problem is not None:
+            raise problem
+    return failed
+
+
 def commit(batch: list[tuple[str, str]]) -> dict[str, OSError]:
     """Make ``(path, temp file)`` pairs durable and rename each over its path (in a thread).
     What failed, by path (its temp file is removed; the old file stays whole)."""
@@ -92,13 +117,10 @@ def commit(batch: list[tuple[str, str]]) -> dict[str, OSError]:
             failed[path] = exc
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-    for d in dirs:
-        try:
-            _fs.fsync_dir(d)
-        except OSError as exc:
-            for path, _ in batch:
-                if (os.path.dirname(path) or ".") == d:
-                    failed.setdefault(path, exc)
+    for d, why in _sync_dirs(dirs).items():
+        for path, _ in batch:
+            if (os.path.dirname(path) or ".") == d:
+                failed.setdefault(path, why)
     return failed
 
 

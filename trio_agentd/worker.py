@@ -16,7 +16,10 @@ import logging
 import os
 import sys
 
-from ._worker import main
+from ._trioimport import import_trio
+
+import_trio()  # before ``_worker`` does: the template (or an exec'd worker) runs no ldconfig
+from ._worker import main  # noqa: E402
 
 
 def _exit_code(code: object) -> int:

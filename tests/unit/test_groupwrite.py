@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_agentd import _groupwrite
+from trio_agentd import _fs, _groupwrite
 from trio_agentd._groupwrite import GroupWriter
 
 from ..held_commit import HeldCommit
@@ -261,3 +261,33 @@ def test_a_commits_fsyncs_wait_side_by_side(
     assert sorted(synced) == sorted(t for _, t in batch)
     assert [(tmp_path / f"f{i}").read_bytes() for i in range(2 * n)] == [
         b"%d" % i for i in range(2 * n)]
+
+
+def test_a_commits_directory_fsyncs_wait_side_by_side_and_fail_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch commits one session directory per session: their fsyncs are in flight at the
+    same time too (each here waits until all of them are), and a directory whose fsync fails
+    fails only the writes in it."""
+    import threading
+
+    dirs = [tmp_path / f"d{i}" for i in range(4)]
+    for d in dirs:
+        d.mkdir()
+    together = threading.Barrier(len(dirs), timeout=5)
+    real = _fs.fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        together.wait()  # broken (an error) unless every directory's fsync waits at once
+        if path == str(dirs[1]):
+            raise OSError(errno.EIO, "I/O error")
+        real(path)
+
+    monkeypatch.setattr(_fs, "fsync_dir", fsync_dir)
+    batch = []
+    for i, d in enumerate(dirs):
+        tmp = d / ".f.tmp"
+        tmp.write_bytes(b"%d" % i)
+        batch.append((str(d / "f"), str(tmp)))
+    failed = _groupwrite.commit(batch)
+    assert set(failed) == {str(dirs[1] / "f")}
+    assert [(d / "f").read_bytes() for d in dirs] == [b"%d" % i for i in range(len(dirs))]
