@@ -14,6 +14,7 @@ import time
 from ._defaults import CLIENT, ClientTiming
 from ._doctor_discover import (
     discover,
+    flock_holders,
     listening_sockets,
     pid_supervisor_socket,
     read_descriptors,
@@ -171,21 +172,48 @@ def _resolve_unnamed(
     """A socket of ours that no file names is asked who holds its lease (``<socket>.lock``),
     and that one process whether it is a supervisor of this home on that socket (the scan's
     test, for one pid): if so the socket goes ``into`` the sockets to observe; if it is no
-    supervisor of this home it is left out. Only a lease that tells nothing leaves it unnamed
-    (then the whole scan runs)."""
+    supervisor of this home it is left out. A socket with no lease (another program's, most
+    often) is looked for among the supervisors of this home that hold a flock: every one that
+    listens holds its lease's, so one of them serves it or none does. Only when neither tells
+    (``/proc/locks`` unreadable, a lease naming no pid) is it left unnamed: then the whole
+    scan runs."""
     uid = os.getuid()
     want = os.path.normpath(os.fspath(home))
+    locking: set[str] | None = None  # the sockets of this home's flock holders, read once
     out = []
     for path, named, file in listeners:
         if file == "ours" and not named:
+            here = normalize_socket_path(path)
             pid = socket_lease_holder(path)
-            sock = None if pid is None else pid_supervisor_socket(str(pid), uid, want)
-            if pid is not None and sock is None:
-                named = True  # another home's supervisor (or none): not ours to list
-            elif sock is not None and normalize_socket_path(sock) == normalize_socket_path(path):
-                into.add(normalize_socket_path(path))
-                named = True
+            if pid is not None:
+                sock = pid_supervisor_socket(str(pid), uid, want)
+                if sock is None:
+                    named = True  # another home's supervisor (or none): not ours to list
+                elif normalize_socket_path(sock) == here:
+                    into.add(here)
+                    named = True
+            elif not os.path.lexists(f"{path}.lock"):
+                if locking is None:
+                    locking = _locking_supervisors(uid, want)
+                if locking is not None:
+                    if here in locking:
+                        into.add(here)
+                    named = True  # a supervisor of this home that serves it, or none does
         out.append((path, named, file))
+    return out
+
+
+def _locking_supervisors(uid: int, home: str) -> set[str] | None:
+    """The sockets (normalised) of the supervisors of ``home`` among the processes that hold a
+    flock, or ``None`` if those cannot be listed."""
+    pids = flock_holders()
+    if pids is None:
+        return None
+    out = set()
+    for pid in pids:
+        sock = pid_supervisor_socket(str(pid), uid, home)
+        if sock is not None:
+            out.add(normalize_socket_path(sock))
     return out
 
 

@@ -69,7 +69,8 @@ def read_descriptors(home: str | os.PathLike[str]) -> list[dict[str, Any]]:
     out = []
     for path in _descriptor_paths(os.path.join(os.fspath(home), "daemons")):
         with contextlib.suppress(OSError, ValueError):
-            obj = json.loads(_read_trusted(path) or b"")
+            raw = _read_trusted(path)
+            obj = json.loads(raw) if raw else None  # gone meanwhile: no json import to say so
             if isinstance(obj, dict):
                 out.append(obj)
     return out
@@ -199,11 +200,33 @@ def _read_trusted(path: str) -> bytes | None:
 def socket_lease_holder(sock: str) -> int | None:
     """The pid the socket's lease file (``<socket>.lock``) names, if it can be read."""
     raw = _read_small(f"{sock}.lock")
+    if not raw:
+        return None  # no lease file: said without json.loads(b""), whose error imports json
     try:
-        pid = json.loads(raw or b"").get("pid")
+        pid = json.loads(raw).get("pid")
     except (ValueError, AttributeError):
         return None
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def flock_holders() -> list[int] | None:
+    """The pids that hold a flock, from one read of ``/proc/locks`` (``None`` if it cannot
+    be read). Every supervisor holds its lease's flock from before it binds its socket until
+    it exits, even if the lease file was deleted: a supervisor that listens is among them."""
+    data = _read_small("/proc/locks")
+    return None if data is None else parse_flock_holders(data)
+
+
+def parse_flock_holders(data: bytes) -> list[int]:
+    """The holders' pids in the text of ``/proc/locks`` (``1: FLOCK  ADVISORY  WRITE <pid>
+    <dev>:<inode> 0 EOF``; a waiter's line, ``1: -> FLOCK …``, holds nothing). Pure."""
+    pids = set()
+    for line in data.split(b"\n"):
+        fields = line.split(None, 5)
+        if len(fields) >= 5 and fields[1] == b"FLOCK" and fields[4].isdigit():
+            pids.add(int(fields[4]))
+    pids.discard(0)  # a holder in another pid namespace: no /proc entry of ours to read
+    return sorted(pids)
 
 
 def _environ_home(pid: str) -> str | None:
