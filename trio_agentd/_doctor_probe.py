@@ -5,6 +5,7 @@ once), and the observation of it that :func:`._doctor_plan.classify` takes.
 from __future__ import annotations
 
 import _socket
+import contextlib
 import errno
 import os
 import time
@@ -138,6 +139,12 @@ def _connect_proven(path: str, timing: Timing | ClientTiming) -> _socket.socket 
     except AgentdError as exc:
         s.close()
         raise Untrusted(str(exc.details.get("untrusted", exc.message))) from None
+    # nothing will be sent: the end of our side now lets the supervisor that accepts it read
+    # that end right after its hello and close, in one wake-up, not a second one (20
+    # supervisors woken twice each would compete with ps for the CPU). OSError: it is gone
+    # already (ENOTCONN), and reading its hello will say so.
+    with contextlib.suppress(OSError):
+        s.shutdown(_socket.SHUT_WR)
     return s
 
 

@@ -273,3 +273,42 @@ def test_a_socket_without_a_lease_imports_no_json(tmp_path: Path) -> None:
                          check=True, env=env, timeout=60)
     assert ast.literal_eval(out.stdout) == []
 
+
+def test_a_hello_probe_ends_its_side_at_once(tmp_path: Path) -> None:
+    """The probe sends nothing, and says so (EOF) as soon as its peer is proven: a supervisor
+    finishes the connection in the wake-up that answers it. Here the listener answers only
+    once it has read that end, which a probe that kept its side open would never show."""
+    import threading
+
+    sock_dir = tmp_path / "s"
+    sock_dir.mkdir(mode=0o700)
+    path = str(sock_dir / "d.sock")
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lst.bind(path)
+    lst.listen(1)
+    lst.settimeout(20)
+    heard: list[bytes] = []
+
+    def serve() -> None:
+        conn = lst.accept()[0]
+        with conn:
+            conn.settimeout(20)
+            heard.append(conn.recv(1))  # b"": the probe's end
+            conn.sendall(b'{"type": "hello", "generation": "g"}\n')
+
+    class Patient:
+        connect_timeout = 1.0
+        hello_timeout = 20.0  # the test's deadline
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        got = _doctor_probe.probe_hellos([path], Patient())  # type: ignore[arg-type]
+    finally:
+        server.join(timeout=20)
+        lst.close()
+    assert heard == [b""]
+    result = got[path]
+    assert not isinstance(result, _doctor_probe.Untrusted)
+    assert result[2] is not None
+    assert result[2]["generation"] == "g"
