@@ -30,9 +30,10 @@ from ._doctor_plan import (
     remedy,
     scan_reason,
 )
-from ._doctor_probe import observe, probe_hellos
+from ._doctor_probe import LivenessOnce, observe, probe_hellos
 from ._paths import Layout, normalize_socket_path, socket_key
-from ._plain import Frozen
+from ._plain import Frozen, replace
+from ._procstate import Liveness
 from ._version import APP_VERSION, PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
@@ -145,7 +146,8 @@ def survey(
     a socket file deleted under its listener, a socket of ours no file names); ``scan=True``
     always, ``scan=False`` never.
     """
-    records = read_records(layout.registry_dir)
+    # their liveness is read after the hellos, once per pid (_classified)
+    records = read_records(layout.registry_dir, check_alive=False)
     descs = read_descriptors(layout.home_dir)  # read once, not once per socket
     named = discover(layout, records=records, descriptors=descs)
     more: set[str] = set()
@@ -223,9 +225,12 @@ def _classified(
 ) -> list[Found]:
     found = []
     probes = probe_hellos(sockets, timing)  # all at once
+    # after the hellos, one /proc read per pid: for a supervisor's record and its hello alike
+    live = LivenessOnce()
+    records = [replace(r, alive=live(r.pid, r.start_id) is not Liveness.DEAD) for r in records]
     for sock in sockets:
         obs, rec = observe(sock, layout, timing=timing, records=records, descriptors=descs,
-                           probed=probes[sock])
+                           probed=probes[sock], liveness_of=live)
         verdict = classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
         if verdict is None:
             continue

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def read_records(registry: str | os.PathLike[str]) -> list[Record]:
+def read_records(registry: str | os.PathLike[str], *, check_alive: bool = True) -> list[Record]:
+    """Every readable owner record. ``check_alive=False``: each ``alive`` is left ``False``
+    for a caller that reads the liveness of their pids later, once (``ps``, after the
+    hellos: :func:`._doctor._classified`)."""
     out: list[Record] = []
     registry = os.fspath(registry)
     try:
@@ -46,7 +49,8 @@ def read_records(registry: str | os.PathLike[str]) -> list[Record]:
             continue
         out.append(Record(
             generation=rec.generation, pid=rec.pid, start_id=rec.start_id, socket=rec.socket,
-            phase=str(rec.phase), alive=liveness(rec.pid, rec.start_id) is not Liveness.DEAD,
+            phase=str(rec.phase),
+            alive=check_alive and liveness(rec.pid, rec.start_id) is not Liveness.DEAD,
             created_at=rec.created_at,
         ))
     return out

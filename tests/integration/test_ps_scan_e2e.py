@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -312,3 +313,39 @@ def test_a_hello_probe_ends_its_side_at_once(tmp_path: Path) -> None:
     assert not isinstance(result, _doctor_probe.Untrusted)
     assert result[2] is not None
     assert result[2]["generation"] == "g"
+
+
+def test_ps_reads_one_proc_stat_per_supervisor(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A supervisor that answers its hello costs ``ps`` one read of its ``/proc/<pid>/stat``
+    (after the hello: its record's liveness and the final re-check share it), and none for
+    its sessions' workers (they change no status when the hello came)."""
+    import builtins
+    import re
+
+    assert denv.prompt("one", session="a") == "[echo turn 1] one"
+    assert denv.prompt("two", session="b") == "[echo turn 1] two"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
+    stat = re.compile(r"/proc/(\d+)/stat")
+    reads: list[int] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def counted(path: object) -> None:
+        if isinstance(path, str) and (m := stat.fullmatch(path)):
+            reads.append(int(m[1]))
+
+    def io_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        counted(file)
+        return real_open(file, *args, **kwargs)
+
+    def os_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        counted(path)
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", io_open)
+    monkeypatch.setattr(os, "open", os_open)
+    found = _doctor.survey(_layout(denv), scan=False)
+    monkeypatch.undo()
+    assert [(f.socket, str(f.verdict.status)) for f in found] == [(denv.socket, "current")]
+    assert reads == [found[0].verdict.pid]
