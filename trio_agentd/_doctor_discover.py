@@ -21,6 +21,7 @@ from ._procstate import Liveness
 from ._registryfiles import (
     OWNER_FILE,
     SCOPE_FILE,
+    owner_dir_name,
     record_names,
 )
 
@@ -56,11 +57,16 @@ def read_records(registry: str | os.PathLike[str], *, check_alive: bool = True) 
     return out
 
 
-def _scoped_sockets(registry: str | os.PathLike[str]) -> list[str]:
+def _scoped_sockets(registry: str | os.PathLike[str], read: set[str]) -> list[str]:
+    """The sockets the ``scope.json`` of the record dirs name, but of those dirs in ``read``:
+    their ``owner.json`` was read, and a scope is the immutable part of its record (its
+    socket is the record's), so it is read only where the record could not be."""
     out = []
     registry = os.fspath(registry)
     with contextlib.suppress(OSError):
         for name in record_names(registry):
+            if name in read:
+                continue
             with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
                 raw = _read_trusted(os.path.join(registry, name, SCOPE_FILE))
                 if raw is not None:
@@ -285,7 +291,8 @@ def discover(
     records = read_records(layout.registry_dir) if records is None else records
     descriptors = read_descriptors(layout.home_dir) if descriptors is None else descriptors
     sockets.update(r.socket for r in records)
-    sockets.update(_scoped_sockets(layout.registry_dir))
+    sockets.update(_scoped_sockets(layout.registry_dir,
+                                   {owner_dir_name(r.generation) for r in records}))
     sockets.update(str(d["socket"]) for d in descriptors if d.get("socket"))
     sock_dir = default_socket_dir()
     with contextlib.suppress(OSError):

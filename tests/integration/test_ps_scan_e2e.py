@@ -349,3 +349,33 @@ def test_ps_reads_one_proc_stat_per_supervisor(
     monkeypatch.undo()
     assert [(f.socket, str(f.verdict.status)) for f in found] == [(denv.socket, "current")]
     assert reads == [found[0].verdict.pid]
+
+
+def test_a_scope_is_read_only_where_its_record_could_not_be(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scope.json`` is the immutable part of ``owner.json``: ``ps`` reads it only in a record
+    dir whose ``owner.json`` it could not read (there it still names the socket)."""
+    timing = json.dumps({"self_check_interval": 3600})  # no healing: a deleted record stays so
+    other = denv.socket_at("other.sock")  # only its record dir names it
+    denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
+    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
+    read: list[str] = []
+    real = _doctor_discover._read_trusted
+
+    def counted(path: str) -> bytes | None:
+        read.append(path)
+        return real(path)
+
+    monkeypatch.setattr(_doctor_discover, "_read_trusted", counted)
+    found = {f.socket: str(f.verdict.status) for f in _doctor.survey(_layout(denv), scan=False)}
+    assert found == {other: "current"}
+    assert [p for p in read if p.endswith("scope.json")] == []
+
+    (rec,) = denv.owner_records()
+    (rec / "owner.json").unlink()
+    read.clear()
+    found = {f.socket: str(f.verdict.status) for f in _doctor.survey(_layout(denv), scan=False)}
+    assert found == {other: "ownership-lost"}
+    assert [p for p in read if p.endswith("scope.json")] == [str(rec / "scope.json")]
