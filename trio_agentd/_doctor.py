@@ -174,9 +174,10 @@ def _resolve_unnamed(
     """A socket of ours that no file names is asked who holds its lease (``<socket>.lock``),
     and that one process whether it is a supervisor of this home on that socket (the scan's
     test, for one pid): if so the socket goes ``into`` the sockets to observe; if it is no
-    supervisor of this home it is left out. A socket with no lease (another program's, most
-    often) is looked for among the supervisors of this home that hold a flock: every one that
-    listens holds its lease's, so one of them serves it or none does. Only when neither tells
+    supervisor of this home it is left out. For a socket with no lease file (another
+    program's, most often) the supervisors of this home that hold a flock go ``into`` them,
+    as the scan would find them: every one that listens holds its lease's flock, so one of
+    them serves it or no supervisor of this home does. Only when neither tells
     (``/proc/locks`` unreadable, a lease naming no pid) is it left unnamed: then the whole
     scan runs."""
     uid = os.getuid()
@@ -185,22 +186,22 @@ def _resolve_unnamed(
     out = []
     for path, named, file in listeners:
         if file == "ours" and not named:
-            here = normalize_socket_path(path)
             pid = socket_lease_holder(path)
             if pid is not None:
                 sock = pid_supervisor_socket(str(pid), uid, want)
                 if sock is None:
                     named = True  # another home's supervisor (or none): not ours to list
-                elif normalize_socket_path(sock) == here:
-                    into.add(here)
+                elif normalize_socket_path(sock) == normalize_socket_path(path):
+                    into.add(normalize_socket_path(path))
                     named = True
             elif not os.path.lexists(f"{path}.lock"):
                 if locking is None:
                     locking = _locking_supervisors(uid, want)
+                    # all of them, as the scan would find them: one may name its socket by
+                    # another path than the listener's
+                    into.update(locking or ())
                 if locking is not None:
-                    if here in locking:
-                        into.add(here)
-                    named = True  # a supervisor of this home that serves it, or none does
+                    named = True  # a supervisor of this home serves it, or none does
         out.append((path, named, file))
     return out
 
