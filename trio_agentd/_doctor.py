@@ -14,6 +14,7 @@ import time
 from ._defaults import CLIENT, ClientTiming
 from ._doctor_discover import (
     discover,
+    flock_holders,
     listening_sockets,
     pid_supervisor_socket,
     read_descriptors,
@@ -29,9 +30,10 @@ from ._doctor_plan import (
     remedy,
     scan_reason,
 )
-from ._doctor_probe import observe, probe_hellos
+from ._doctor_probe import LivenessOnce, observe, probe_hellos
 from ._paths import Layout, normalize_socket_path, socket_key
-from ._plain import Frozen
+from ._plain import Frozen, replace
+from ._procstate import Liveness
 from ._version import APP_VERSION, PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
@@ -144,7 +146,8 @@ def survey(
     a socket file deleted under its listener, a socket of ours no file names); ``scan=True``
     always, ``scan=False`` never.
     """
-    records = read_records(layout.registry_dir)
+    # their liveness is read after the hellos, once per pid (_classified)
+    records = read_records(layout.registry_dir, check_alive=False)
     descs = read_descriptors(layout.home_dir)  # read once, not once per socket
     named = discover(layout, records=records, descriptors=descs)
     more: set[str] = set()
@@ -171,21 +174,49 @@ def _resolve_unnamed(
     """A socket of ours that no file names is asked who holds its lease (``<socket>.lock``),
     and that one process whether it is a supervisor of this home on that socket (the scan's
     test, for one pid): if so the socket goes ``into`` the sockets to observe; if it is no
-    supervisor of this home it is left out. Only a lease that tells nothing leaves it unnamed
-    (then the whole scan runs)."""
+    supervisor of this home it is left out. For a socket with no lease file (another
+    program's, most often) the supervisors of this home that hold a flock go ``into`` them,
+    as the scan would find them: every one that listens holds its lease's flock, so one of
+    them serves it or no supervisor of this home does. Only when neither tells
+    (``/proc/locks`` unreadable, a lease naming no pid) is it left unnamed: then the whole
+    scan runs."""
     uid = os.getuid()
     want = os.path.normpath(os.fspath(home))
+    locking: set[str] | None = None  # the sockets of this home's flock holders, read once
     out = []
     for path, named, file in listeners:
         if file == "ours" and not named:
             pid = socket_lease_holder(path)
-            sock = None if pid is None else pid_supervisor_socket(str(pid), uid, want)
-            if pid is not None and sock is None:
-                named = True  # another home's supervisor (or none): not ours to list
-            elif sock is not None and normalize_socket_path(sock) == normalize_socket_path(path):
-                into.add(normalize_socket_path(path))
-                named = True
+            if pid is not None:
+                sock = pid_supervisor_socket(str(pid), uid, want)
+                if sock is None:
+                    named = True  # another home's supervisor (or none): not ours to list
+                elif normalize_socket_path(sock) == normalize_socket_path(path):
+                    into.add(normalize_socket_path(path))
+                    named = True
+            elif not os.path.lexists(f"{path}.lock"):
+                if locking is None:
+                    locking = _locking_supervisors(uid, want)
+                    # all of them, as the scan would find them: one may name its socket by
+                    # another path than the listener's
+                    into.update(locking or ())
+                if locking is not None:
+                    named = True  # a supervisor of this home serves it, or none does
         out.append((path, named, file))
+    return out
+
+
+def _locking_supervisors(uid: int, home: str) -> set[str] | None:
+    """The sockets (normalised) of the supervisors of ``home`` among the processes that hold a
+    flock, or ``None`` if those cannot be listed."""
+    pids = flock_holders()
+    if pids is None:
+        return None
+    out = set()
+    for pid in pids:
+        sock = pid_supervisor_socket(str(pid), uid, home)
+        if sock is not None:
+            out.add(normalize_socket_path(sock))
     return out
 
 
@@ -195,9 +226,12 @@ def _classified(
 ) -> list[Found]:
     found = []
     probes = probe_hellos(sockets, timing)  # all at once
+    # after the hellos, one /proc read per pid: for a supervisor's record and its hello alike
+    live = LivenessOnce()
+    records = [replace(r, alive=live(r.pid, r.start_id) is not Liveness.DEAD) for r in records]
     for sock in sockets:
         obs, rec = observe(sock, layout, timing=timing, records=records, descriptors=descs,
-                           probed=probes[sock])
+                           probed=probes[sock], liveness_of=live)
         verdict = classify(obs, protocol=PROTOCOL_VERSION, app_version=APP_VERSION)
         if verdict is None:
             continue

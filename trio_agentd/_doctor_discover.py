@@ -21,6 +21,7 @@ from ._procstate import Liveness
 from ._registryfiles import (
     OWNER_FILE,
     SCOPE_FILE,
+    owner_dir_name,
     record_names,
 )
 
@@ -29,7 +30,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def read_records(registry: str | os.PathLike[str]) -> list[Record]:
+def read_records(registry: str | os.PathLike[str], *, check_alive: bool = True) -> list[Record]:
+    """Every readable owner record. ``check_alive=False``: each ``alive`` is left ``False``
+    for a caller that reads the liveness of their pids later, once (``ps``, after the
+    hellos: :func:`._doctor._classified`)."""
     out: list[Record] = []
     registry = os.fspath(registry)
     try:
@@ -46,17 +50,23 @@ def read_records(registry: str | os.PathLike[str]) -> list[Record]:
             continue
         out.append(Record(
             generation=rec.generation, pid=rec.pid, start_id=rec.start_id, socket=rec.socket,
-            phase=str(rec.phase), alive=liveness(rec.pid, rec.start_id) is not Liveness.DEAD,
+            phase=str(rec.phase),
+            alive=check_alive and liveness(rec.pid, rec.start_id) is not Liveness.DEAD,
             created_at=rec.created_at,
         ))
     return out
 
 
-def _scoped_sockets(registry: str | os.PathLike[str]) -> list[str]:
+def _scoped_sockets(registry: str | os.PathLike[str], read: set[str]) -> list[str]:
+    """The sockets the ``scope.json`` of the record dirs name, but of those dirs in ``read``:
+    their ``owner.json`` was read, and a scope is the immutable part of its record (its
+    socket is the record's), so it is read only where the record could not be."""
     out = []
     registry = os.fspath(registry)
     with contextlib.suppress(OSError):
         for name in record_names(registry):
+            if name in read:
+                continue
             with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
                 raw = _read_trusted(os.path.join(registry, name, SCOPE_FILE))
                 if raw is not None:
@@ -69,7 +79,8 @@ def read_descriptors(home: str | os.PathLike[str]) -> list[dict[str, Any]]:
     out = []
     for path in _descriptor_paths(os.path.join(os.fspath(home), "daemons")):
         with contextlib.suppress(OSError, ValueError):
-            obj = json.loads(_read_trusted(path) or b"")
+            raw = _read_trusted(path)
+            obj = json.loads(raw) if raw else None  # gone meanwhile: no json import to say so
             if isinstance(obj, dict):
                 out.append(obj)
     return out
@@ -199,11 +210,33 @@ def _read_trusted(path: str) -> bytes | None:
 def socket_lease_holder(sock: str) -> int | None:
     """The pid the socket's lease file (``<socket>.lock``) names, if it can be read."""
     raw = _read_small(f"{sock}.lock")
+    if not raw:
+        return None  # no lease file: said without json.loads(b""), whose error imports json
     try:
-        pid = json.loads(raw or b"").get("pid")
+        pid = json.loads(raw).get("pid")
     except (ValueError, AttributeError):
         return None
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def flock_holders() -> list[int] | None:
+    """The pids that hold a flock, from one read of ``/proc/locks`` (``None`` if it cannot
+    be read). Every supervisor holds its lease's flock from before it binds its socket until
+    it exits, even if the lease file was deleted: a supervisor that listens is among them."""
+    data = _read_small("/proc/locks")
+    return None if data is None else parse_flock_holders(data)
+
+
+def parse_flock_holders(data: bytes) -> list[int]:
+    """The holders' pids in the text of ``/proc/locks`` (``1: FLOCK  ADVISORY  WRITE <pid>
+    <dev>:<inode> 0 EOF``; a waiter's line, ``1: -> FLOCK …``, holds nothing). Pure."""
+    pids = set()
+    for line in data.split(b"\n"):
+        fields = line.split(None, 5)
+        if len(fields) >= 5 and fields[1] == b"FLOCK" and fields[4].isdigit():
+            pids.add(int(fields[4]))
+    pids.discard(0)  # a holder in another pid namespace: no /proc entry of ours to read
+    return sorted(pids)
 
 
 def _environ_home(pid: str) -> str | None:
@@ -258,7 +291,8 @@ def discover(
     records = read_records(layout.registry_dir) if records is None else records
     descriptors = read_descriptors(layout.home_dir) if descriptors is None else descriptors
     sockets.update(r.socket for r in records)
-    sockets.update(_scoped_sockets(layout.registry_dir))
+    sockets.update(_scoped_sockets(layout.registry_dir,
+                                   {owner_dir_name(r.generation) for r in records}))
     sockets.update(str(d["socket"]) for d in descriptors if d.get("socket"))
     sock_dir = default_socket_dir()
     with contextlib.suppress(OSError):

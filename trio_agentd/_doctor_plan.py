@@ -116,7 +116,9 @@ class Observation(Frozen):
     hello_pid_alive: bool  # final liveness re-check of the hello's pid + start id
     # live records that claim this socket (any generation), from the registry scan
     socket_records: tuple[Record, ...]
-    tracked_workers: int  # live workers whose descriptors name this socket
+    # live workers whose descriptors name this socket (counted only when no hello came:
+    # only then does it change the status)
+    tracked_workers: int
     sessions: int  # descriptors for this socket
     # why the socket's dir or its peer is not ours (then nothing was sent to it)
     untrusted: str | None

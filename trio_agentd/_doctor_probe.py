@@ -5,8 +5,10 @@ once), and the observation of it that :func:`._doctor_plan.classify` takes.
 from __future__ import annotations
 
 import _socket
+import contextlib
 import errno
 import os
+import sys
 import time
 
 from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
@@ -20,6 +22,8 @@ from ._doctor_plan import (
 from ._errors import AgentdError, ErrorCode
 from ._identity import (
     liveness,
+    proc_stat_fields,
+    stat_liveness,
 )
 from ._paths import Layout
 from ._procstate import Liveness
@@ -32,6 +36,7 @@ from ._trust import prove_peer, prove_socket_dir
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from .timing import Timing
@@ -138,6 +143,12 @@ def _connect_proven(path: str, timing: Timing | ClientTiming) -> _socket.socket 
     except AgentdError as exc:
         s.close()
         raise Untrusted(str(exc.details.get("untrusted", exc.message))) from None
+    # nothing will be sent: the end of our side now lets the supervisor that accepts it read
+    # that end right after its hello and close, in one wake-up, not a second one (20
+    # supervisors woken twice each would compete with ps for the CPU). OSError: it is gone
+    # already (ENOTCONN), and reading its hello will say so.
+    with contextlib.suppress(OSError):
+        s.shutdown(_socket.SHUT_WR)
     return s
 
 
@@ -152,12 +163,32 @@ def _hello_of(data: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) and obj.get("type") == "hello" else None
 
 
+class LivenessOnce:
+    """:func:`._identity.liveness` that reads each pid's ``/proc/<pid>/stat`` once: ``ps``
+    asks about a supervisor's pid for its record and again for its hello. Made after the
+    hellos are read, so each answer is as fresh as the final re-check needs."""
+
+    def __init__(self) -> None:
+        self._tails: dict[int, list[bytes] | None] = {}
+        self._linux = sys.platform.startswith("linux")
+
+    def __call__(self, pid: int, start_id: str | None) -> Liveness:
+        if pid <= 0 or not self._linux:
+            return liveness(pid, start_id)
+        if pid not in self._tails:
+            self._tails[pid] = proc_stat_fields(pid)
+        return stat_liveness(pid, start_id, self._tails[pid])
+
+
 def observe(
     socket: str, layout: Layout, *, timing: Timing | ClientTiming = CLIENT,
     records: list[Record] | None = None, descriptors: list[dict[str, Any]] | None = None,
     probed: ProbeResult | Untrusted | None = None,
+    liveness_of: Callable[[int, str | None], Liveness] = liveness,
 ) -> tuple[Observation, Record | None]:
-    """What is known of one socket; ``probed``: its :func:`probe_hello` result, if taken."""
+    """What is known of one socket; ``probed``: its :func:`probe_hello` result, if taken;
+    ``liveness_of``: how a pid's liveness is read (a :class:`LivenessOnce` shares the reads
+    of one survey)."""
     try:
         if probed is None:
             probed = probe_hello(socket, timing)
@@ -189,13 +220,15 @@ def observe(
             corrupt = hello_record is None and os.path.exists(owner_json)
             revoked = os.path.exists(os.path.join(registry, tombstone_name(hello.generation)))
         # final liveness re-check: a supervisor that is stopping is not wedged
-        hello_alive = liveness(hello.pid, hello.start_id) is not Liveness.DEAD
+        hello_alive = liveness_of(hello.pid, hello.start_id) is not Liveness.DEAD
     if descriptors is None:
         descriptors = read_descriptors(layout.home_dir)
     descs = [d for d in descriptors if d.get("socket") == socket]
-    tracked = sum(
+    # the live workers tell only when no hello came (classify reads them only then): a
+    # supervisor that answers costs no /proc read per session
+    tracked = 0 if hello is not None else sum(
         1 for d in descs
-        if isinstance(d.get("pid"), int) and liveness(int(d["pid"]), d.get("start_id"))
+        if isinstance(d.get("pid"), int) and liveness_of(int(d["pid"]), d.get("start_id"))
         is not Liveness.DEAD
     )
     obs = Observation(

@@ -87,31 +87,41 @@ def proc_stat_fields(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/<pid>/stat`` after pid and comm, or ``None`` if it cannot be
     read (comm may contain spaces and parentheses: split after the last ')'). From index 0:
     state, ppid, pgrp, session, ..., starttime at 19."""
-    try:
-        with open(f"{_PROC}/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rfind(b")") + 2 :].split()
+    data = _read_proc(f"{_PROC}/{pid}/stat")
+    return None if data is None else data[data.rfind(b")") + 2 :].split()
 
 
 def proc_cmdline(pid: int) -> list[bytes] | None:
     """The arguments of ``/proc/<pid>/cmdline``, or ``None`` if it cannot be read."""
-    try:
-        with open(f"{_PROC}/{pid}/cmdline", "rb") as f:
-            data = f.read()
-    except OSError:
+    data = _read_proc(f"{_PROC}/{pid}/cmdline")
+    if data is None:
         return None
     return data.split(b"\0")[:-1] if data.endswith(b"\0") else data.split(b"\0")
 
 
 def proc_environ(pid: int) -> list[bytes]:
     """The ``NAME=value`` entries of ``/proc/<pid>/environ``; none if it cannot be read."""
+    data = _read_proc(f"{_PROC}/{pid}/environ")
+    return [] if data is None else data.split(b"\0")
+
+
+def _read_proc(path: str) -> bytes | None:
+    """A ``/proc`` file's bytes, or ``None`` if it cannot be read: open, read, close and no
+    more (a Python file object adds an fstat, an ioctl and an lseek to every read, and ps
+    reads one per supervisor)."""
     try:
-        with open(f"{_PROC}/{pid}/environ", "rb") as f:
-            return f.read().split(b"\0")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return []
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _start_id_of(tail: list[bytes] | None) -> str | None:
@@ -150,17 +160,32 @@ def _pid_exists(pid: int) -> bool:
 
 def liveness(pid: int, start_id: str | None) -> Liveness:
     """Is the process incarnation ``(pid, start_id)`` still running?"""
-    if pid <= 0 or not _pid_exists(pid):
+    if pid <= 0:
         return Liveness.DEAD
-    linux = sys.platform.startswith("linux")
-    tail = proc_stat_fields(pid) if linux else None  # read once: identity and state
-    current = _start_id_of(tail) if linux else read_start_id(pid)
+    if sys.platform.startswith("linux"):
+        # one read of its stat tells identity and state, and that the pid is taken
+        return stat_liveness(pid, start_id, proc_stat_fields(pid))
+    if not _pid_exists(pid):
+        return Liveness.DEAD
+    current = read_start_id(pid)
     if current is None:
         # raced with exit, or unreadable
         return Liveness.UNKNOWN if _pid_exists(pid) else Liveness.DEAD
     if start_id is None:
         return Liveness.UNKNOWN
-    if is_zombie(pid) if tail is None else _dying(tail):
+    return Liveness.ALIVE if current == start_id else Liveness.DEAD
+
+
+def stat_liveness(pid: int, start_id: str | None, tail: list[bytes] | None) -> Liveness:
+    """:func:`liveness` from ``tail``, the :func:`proc_stat_fields` of ``pid`` read once (so
+    a caller that asks about one pid more than once reads it once)."""
+    current = _start_id_of(tail)
+    if current is None:
+        # no such pid, raced with exit, or unreadable
+        return Liveness.UNKNOWN if pid > 0 and _pid_exists(pid) else Liveness.DEAD
+    if start_id is None:
+        return Liveness.UNKNOWN
+    if tail is None or _dying(tail):
         return Liveness.DEAD
     return Liveness.ALIVE if current == start_id else Liveness.DEAD
 

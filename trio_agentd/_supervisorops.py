@@ -36,6 +36,7 @@ from ._protocol import (
     Request,
     RequestId,
     decode,
+    encode,
     error_of,
     fail,
     ok,
@@ -92,6 +93,7 @@ class Dispatcher:
         self.table = sup.table
         self.max_clients = max_clients
         self.clients_open = 0  # client connections being served now
+        self._hello: bytes | None = None  # the hello frame, encoded once: it never changes
 
     async def serve_client(self, stream: trio.abc.Stream) -> None:
         """Serve one client connection. Nothing a client sends or does can escape from here."""
@@ -114,7 +116,9 @@ class Dispatcher:
                     ErrorCode.PERMISSION_DENIED,
                     f"uid {uid} may not use the supervisor of uid {os.getuid()}")))
                 return
-            await ms.send(self.sup.hello())
+            if self._hello is None:
+                self._hello = encode(self.sup.hello())
+            await ms.send_raw(self._hello)  # ps probes every supervisor: each hello is cheap
             inflight = AsyncValue(0)
             # one error from the nursery comes out bare: a broken client is no error, and
             # EMFILE is the rate-limited line below, never a traceback per connection

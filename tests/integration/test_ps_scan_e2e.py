@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,3 +190,192 @@ def test_an_untrusted_socket_dir_does_not_stop_the_other_probes(tmp_path: Path) 
         lst.close()
     assert isinstance(got[str(bad / "d.sock")], _doctor_probe.Untrusted)
     assert got[str(good / "d.sock")] == (True, True, None)  # accepted, no hello in time
+
+
+def test_another_programs_socket_without_a_lease_costs_no_scan(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listening ``*.sock`` of this user that no file names and that has no lease (a test
+    server, another program's) is no supervisor of this home when none of the processes that
+    hold a flock serves it: no process scan for it."""
+    assert denv.prompt("one", session="a") == "[echo turn 1] one"
+    scans = _count_scans(monkeypatch, denv)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
+    with socket.socket(socket.AF_UNIX) as lst:
+        lst.bind(denv.socket_at("relay.sock"))
+        lst.listen()
+        found = _doctor.survey(_layout(denv))
+    assert [(f.socket, str(f.verdict.status)) for f in found] == [(denv.socket, "current")]
+    assert scans == []
+
+
+def test_a_supervisor_that_lost_its_files_and_its_lease_file_is_found_by_its_flock(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its records, descriptors and lease file deleted, a supervisor still holds its lease's
+    flock: it is found among the flock holders (``scan=False``: not by the process scan)."""
+    assert denv.prompt("one", session="a") == "[echo turn 1] one"
+    other = denv.socket_at("other.sock")  # not in the default socket dir: only its files name it
+    timing = json.dumps({"self_check_interval": 3600})  # no healing: its files stay lost
+    p = denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
+    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
+    for gone in (denv.registry, denv.home / "daemons"):  # at once: the default one heals
+        os.rename(gone, f"{gone}.gone")
+        shutil.rmtree(f"{gone}.gone")
+    os.unlink(f"{other}.lock")
+    wait_for(lambda: _record_sockets(denv) == [denv.socket], timeout=10,
+             what="the default supervisor's record again")
+    scans = _count_scans(monkeypatch, denv)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
+    found = {f.socket: f for f in _doctor.survey(_layout(denv), scan=False)}
+    assert str(found[denv.socket].verdict.status) == "current"
+    assert (found[other].verdict.pid, str(found[other].verdict.status)) == (
+        p.pid, "ownership-lost")
+    assert scans == []
+
+
+def test_flock_holders_are_read_from_proc_locks() -> None:
+    text = (b"1: FLOCK  ADVISORY  WRITE 4242 fe:00:2159697 0 EOF\n"
+            b"1: -> FLOCK  ADVISORY  WRITE 4343 fe:00:2159697 0 EOF\n"
+            b"2: POSIX  ADVISORY  READ 4444 fe:00:5677185 128 128\n"
+            b"3: FLOCK  ADVISORY  READ 0 fe:00:2172399 0 EOF\n"
+            b"4: FLOCK  ADVISORY  WRITE 4242 fe:00:2172399 0 EOF\n")
+    assert _doctor_discover.parse_flock_holders(text) == [4242]
+    with open(f"{os.environ.get('TMPDIR', '/tmp')}/.flock-test-{os.getpid()}", "w") as f:
+        import fcntl
+
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            assert os.getpid() in (_doctor_discover.flock_holders() or [])
+        finally:
+            os.unlink(f.name)
+
+
+def test_a_socket_without_a_lease_imports_no_json(tmp_path: Path) -> None:
+    """An unnamed listening socket with no lease file: saying so costs ps no ``json`` (whose
+    import, with ``re``, costs more than the rest of a ps)."""
+    import ast
+    import subprocess
+    import sys
+
+    import trio_agentd
+
+    (tmp_path / "run").mkdir(mode=0o700)
+    code = ("import sys, _socket; from trio_agentd import _doctor;"
+            " from trio_agentd._paths import Layout; before = set(sys.modules);"
+            " s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM);"
+            f" s.bind({str(tmp_path / 'relay.sock')!r}); s.listen();"
+            f" _doctor.survey(Layout(home={str(tmp_path / 'h')!r},"
+            f" socket={str(tmp_path / 's' / 'd.sock')!r}, registry={str(tmp_path / 'r')!r}));"
+            " print(sorted(m for m in ('json', 're') if m in set(sys.modules) - before))")
+    env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1]),
+           "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         check=True, env=env, timeout=60)
+    assert ast.literal_eval(out.stdout) == []
+
+
+def test_a_hello_probe_ends_its_side_at_once(tmp_path: Path) -> None:
+    """The probe sends nothing, and says so (EOF) as soon as its peer is proven: a supervisor
+    finishes the connection in the wake-up that answers it. Here the listener answers only
+    once it has read that end, which a probe that kept its side open would never show."""
+    import threading
+
+    sock_dir = tmp_path / "s"
+    sock_dir.mkdir(mode=0o700)
+    path = str(sock_dir / "d.sock")
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lst.bind(path)
+    lst.listen(1)
+    lst.settimeout(20)
+    heard: list[bytes] = []
+
+    def serve() -> None:
+        conn = lst.accept()[0]
+        with conn:
+            conn.settimeout(20)
+            heard.append(conn.recv(1))  # b"": the probe's end
+            conn.sendall(b'{"type": "hello", "generation": "g"}\n')
+
+    class Patient:
+        connect_timeout = 1.0
+        hello_timeout = 20.0  # the test's deadline
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        got = _doctor_probe.probe_hellos([path], Patient())  # type: ignore[arg-type]
+    finally:
+        server.join(timeout=20)
+        lst.close()
+    assert heard == [b""]
+    result = got[path]
+    assert not isinstance(result, _doctor_probe.Untrusted)
+    assert result[2] is not None
+    assert result[2]["generation"] == "g"
+
+
+def test_ps_reads_one_proc_stat_per_supervisor(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A supervisor that answers its hello costs ``ps`` one read of its ``/proc/<pid>/stat``
+    (after the hello: its record's liveness and the final re-check share it), and none for
+    its sessions' workers (they change no status when the hello came)."""
+    import builtins
+    import re
+
+    assert denv.prompt("one", session="a") == "[echo turn 1] one"
+    assert denv.prompt("two", session="b") == "[echo turn 1] two"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
+    stat = re.compile(r"/proc/(\d+)/stat")
+    reads: list[int] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def counted(path: object) -> None:
+        if isinstance(path, str) and (m := stat.fullmatch(path)):
+            reads.append(int(m[1]))
+
+    def io_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        counted(file)
+        return real_open(file, *args, **kwargs)
+
+    def os_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        counted(path)
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", io_open)
+    monkeypatch.setattr(os, "open", os_open)
+    found = _doctor.survey(_layout(denv), scan=False)
+    monkeypatch.undo()
+    assert [(f.socket, str(f.verdict.status)) for f in found] == [(denv.socket, "current")]
+    assert reads == [found[0].verdict.pid]
+
+
+def test_a_scope_is_read_only_where_its_record_could_not_be(
+    denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scope.json`` is the immutable part of ``owner.json``: ``ps`` reads it only in a record
+    dir whose ``owner.json`` it could not read (there it still names the socket)."""
+    timing = json.dumps({"self_check_interval": 3600})  # no healing: a deleted record stays so
+    other = denv.socket_at("other.sock")  # only its record dir names it
+    denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
+    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
+    read: list[str] = []
+    real = _doctor_discover._read_trusted
+
+    def counted(path: str) -> bytes | None:
+        read.append(path)
+        return real(path)
+
+    monkeypatch.setattr(_doctor_discover, "_read_trusted", counted)
+    found = {f.socket: str(f.verdict.status) for f in _doctor.survey(_layout(denv), scan=False)}
+    assert found == {other: "current"}
+    assert [p for p in read if p.endswith("scope.json")] == []
+
+    (rec,) = denv.owner_records()
+    (rec / "owner.json").unlink()
+    read.clear()
+    found = {f.socket: str(f.verdict.status) for f in _doctor.survey(_layout(denv), scan=False)}
+    assert found == {other: "ownership-lost"}
+    assert [p for p in read if p.endswith("scope.json")] == [str(rec / "scope.json")]
