@@ -175,8 +175,10 @@ class MessageStream(Framing):
     On Trio, a frame the socket takes whole goes out with one ``send(2)`` and no trip through
     the event loop (anyio's and Trio's sends each yield once even when the kernel took it all):
     a request then waits for its answer, which is the trip it needs anyway. A caller that is
-    cancelled already sends nothing, as before. On asyncio the stream's transport owns the
-    socket, so every frame goes through it.
+    cancelled already sends nothing, as before. Reads go to the socket too, as Trio's ``recv``
+    does them (a read that finds bytes yields once; one that finds none waits for the socket
+    to be readable) without the two layers of wrappers around it. On asyncio the stream's
+    transport owns the socket, so every frame goes through it.
 
     Raises (from its methods): ``anyio.BrokenResourceError`` (the peer went away),
     ``anyio.ClosedResourceError`` (closed here), ``AgentdError`` for a bad frame.
@@ -191,14 +193,9 @@ class MessageStream(Framing):
         self.stream = stream
         self._send_lock = anyio.Lock()
         self._closed = False
-        self._direct: Any = None  # on Trio: the socket a whole frame is sent on at once
-        self._if_cancelled: Callable[[], Awaitable[None]] | None = None
         sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
-        if sock is not None and backend() == "trio":
-            import trio
-
-            self._direct = sock
-            self._if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+        # on Trio: the socket, sent on and read from directly
+        self._direct = _TrioSocket(sock) if sock is not None and backend() == "trio" else None
 
     async def send(self, msg: Message) -> None:
         data = encode(msg)
@@ -208,8 +205,8 @@ class MessageStream(Framing):
         except anyio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            if self._direct is not None and self._if_cancelled is not None:
-                await self._if_cancelled()  # (no yield unless cancelled)
+            if self._direct is not None:
+                await self._direct.if_cancelled()  # (no yield unless cancelled)
                 sent = self._send_now(data)
                 if sent == len(data):
                     return
@@ -223,7 +220,8 @@ class MessageStream(Framing):
         if self._closed:
             raise anyio.ClosedResourceError
         try:
-            return int(self._direct.send(data))
+            assert self._direct is not None
+            return int(self._direct.sock.send(data))
         except BlockingIOError:
             return 0
         except OSError as exc:
@@ -232,20 +230,62 @@ class MessageStream(Framing):
     async def _fill(self, want: int = RECEIVE_SIZE) -> bool:
         if self._eof:
             return False
-        try:
-            data = await self.stream.receive(max(want, RECEIVE_SIZE))
-        except anyio.EndOfStream:
-            data = b""
+        if self._direct is not None:
+            data = await self._receive_now(self._direct, max(want, RECEIVE_SIZE))
+        else:
+            try:
+                data = await self.stream.receive(max(want, RECEIVE_SIZE))
+            except anyio.EndOfStream:
+                data = b""
         if not data:
             self._eof = True
             return False
         self._buf += data
         return True
 
+    async def _receive_now(self, direct: _TrioSocket, size: int) -> bytes:
+        """Up to ``size`` bytes from Trio's socket (``b""`` at its end), as Trio's ``recv``
+        reads them, errors as anyio's stream raises them."""
+        await direct.if_cancelled()
+        try:
+            try:
+                data: bytes = direct.sock.recv(size)
+            except BlockingIOError:
+                while True:
+                    await direct.wait_readable(direct.sock)
+                    try:
+                        return bytes(direct.sock.recv(size))
+                    except BlockingIOError:
+                        pass
+        except direct.closed_error:  # closed while waiting (Trio's socket was told)
+            raise anyio.ClosedResourceError from None
+        except OSError as exc:
+            if self._closed:
+                raise anyio.ClosedResourceError from None
+            raise anyio.BrokenResourceError from exc
+        await direct.yield_()  # bytes were there: one trip through the loop, as Trio's recv
+        return data
+
     async def aclose(self) -> None:
         self._closed = True
         with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
             await self.stream.aclose()
+
+
+class _TrioSocket:
+    """The socket under anyio's Trio stream, and the Trio calls that read and write it as
+    Trio's own socket methods do (found once: the stream is made on a running Trio loop)."""
+
+    __slots__ = ("closed_error", "if_cancelled", "sock", "wait_readable", "yield_")
+
+    def __init__(self, sock: Any) -> None:
+        import trio
+
+        self.sock = sock
+        self.if_cancelled: Callable[[], Awaitable[None]] = trio.lowlevel.checkpoint_if_cancelled
+        self.yield_: Callable[[], Awaitable[None]] = trio.lowlevel.cancel_shielded_checkpoint
+        self.wait_readable: Callable[[Any], Awaitable[None]] = trio.lowlevel.wait_readable
+        self.closed_error: type[Exception] = trio.ClosedResourceError
 
 
 async def connect_unix(path: str) -> anyio.abc.SocketStream:

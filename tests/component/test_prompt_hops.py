@@ -22,7 +22,7 @@ from tests.component.test_direct_route import World, grant, reply
 from trio_agentd._aio import Inbox
 from trio_agentd._client import _Connection
 from trio_agentd._errors import AgentdError
-from trio_agentd._protocol import Event, Response, encode
+from trio_agentd._protocol import Event, Request, Response, encode
 from trio_agentd._stream import MessageStream
 from trio_agentd._workerjournal import Journal
 from trio_agentd.testing import memory_stream_pair
@@ -222,3 +222,31 @@ async def test_an_attached_session_gets_its_connection_without_the_attach_lock(
             assert await client._attached("s1", {"session": "s1"}) is conn
             return
     pytest.fail("the attached session waited for the attach lock")
+
+
+async def test_a_prompt_on_a_direct_route_costs_its_caller_one_step_and_the_reader_one() -> None:
+    """The client's side of a sequential prompt over a real socket, on Trio: the caller's frame
+    goes out with no trip through the run loop and its answer is taken without another, so
+    the caller's task steps once (woken with its answer) and the connection's reader once (woken
+    by the worker's bytes) per prompt."""
+    from tests.component.test_client_backends import FakePeer, client_with
+
+    async def answer(peer: FakePeer, req: Request) -> None:
+        await peer.reply(int(req.id or 0), reply=req.args["text"])
+
+    prompts = 20
+    steps = Steps()
+    async with client_with(answer) as (client, _peer):
+        await client.request("prompt", {"session": "s1", "text": "warm"})  # routed, attached
+        del client._attached  # the client's own from here: the route is attached already
+
+        caller = trio.lowlevel.current_task().name.rsplit(".", 1)[-1]
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for i in range(prompts):
+                result = await client.request("prompt", {"session": "s1", "text": f"p{i}"})
+                assert result["reply"] == f"p{i}"
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+    assert steps.steps[caller] == prompts
+    assert steps.steps["run_reader"] == prompts
