@@ -19,14 +19,23 @@ import inspect
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
 
-from ._aio import MessageStream, Silence, backend, connect_unix, raw_socket, watch
+from ._aio import (
+    Inbox,
+    MessageStream,
+    NativeEvent,
+    Silence,
+    backend,
+    connect_unix,
+    native,
+    raw_socket,
+    watch,
+)
 from ._autostart import is_older, is_ours
 from ._defaults import AUTOSTART_HELPER_MARGIN, CLOSE_TIMEOUT, RESEND_DELAY, RESEND_DELAY_MAX
 from ._defaults import GRANT_MARGIN as _GRANT_MARGIN
@@ -94,10 +103,10 @@ class _Connection:
         self.ms = ms
         self.hello = hello  # None on a direct route to a worker
         self.route = route  # on a direct route: the route it was attached by
-        self.pending: dict[int, MemoryObjectSendStream[Response | Event]] = {}
+        self.pending: dict[int, Inbox[Response | Event]] = {}
         self.closed = False
         self.error: AgentdError | None = None  # why the reader stopped, if the peer broke it
-        self.silence = Silence()
+        self.silence = Silence(native()[1])
         self.watchers = 0  # prompts outstanding that watch the peer's liveness
         self._watch_scope: anyio.CancelScope | None = None
 
@@ -113,14 +122,11 @@ class _Connection:
                 if msg is None:
                     break
                 if isinstance(msg, Response | Event) and isinstance(msg.id, int):
-                    chan = self.pending.get(msg.id)
-                    if chan is not None:
-                        with contextlib.suppress(anyio.BrokenResourceError,
-                                                 anyio.ClosedResourceError):
-                            try:  # room in the channel: no trip through the scheduler
-                                chan.send_nowait(msg)
-                            except anyio.WouldBlock:
-                                await chan.send(msg)  # (closed: the request is gone)
+                    inbox = self.pending.get(msg.id)
+                    # room in the inbox: no trip through the scheduler (a request that is
+                    # gone drops it)
+                    if inbox is not None and not inbox.offer(msg):
+                        await inbox.put(msg)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         except AgentdError as exc:  # a malformed or oversized frame: fail the calls with it
@@ -129,32 +135,27 @@ class _Connection:
             )
         finally:
             self.closed = True
-            for chan in self.pending.values():
-                chan.close()
+            for inbox in self.pending.values():
+                inbox.end()
             await self.ms.aclose()
 
-    @contextlib.contextmanager
-    def watched(
-        self, nursery: _TaskStarter, ping: Request, timing: Timing, unresponsive: AgentdError,
-        ping_timeout: float | None = None,
-    ) -> Iterator[None]:
-        """While the body runs (a request is outstanding), ping the peer after
-        ``link_ping_interval`` of silence; if nothing arrives within ``ping_timeout`` (default
-        ``link_ping_timeout``) of a ping, end the connection with ``unresponsive`` (every
-        pending request raises it).
+    def watch_from(
+        self, nursery: _TaskStarter, ping: Callable[[], Request], timing: Timing,
+        unresponsive: Callable[[], AgentdError], ping_timeout: float,
+    ) -> None:
+        """A request is outstanding (the caller counts it in ``watchers`` meanwhile): ping the
+        peer after ``link_ping_interval`` of silence; if nothing arrives within
+        ``ping_timeout`` of a ping, end the connection with ``unresponsive()`` (every pending
+        request raises it).
 
         One watcher task serves the requests that follow each other on the connection: it
         ends when it wakes (at most ``link_ping_interval`` on) to find none outstanding, not
-        at the end of each request, so back-to-back prompts spawn no task each."""
-        self.watchers += 1
+        at the end of each request, so back-to-back prompts spawn no task each, and make
+        neither the ping nor the error unless they start a watcher."""
         if self._watch_scope is None:
             self._watch_scope = anyio.CancelScope()
-            nursery.start_soon(self._watch, self._watch_scope, ping, timing, unresponsive,
-                               timing.link_ping_timeout if ping_timeout is None else ping_timeout)
-        try:
-            yield
-        finally:
-            self.watchers -= 1
+            nursery.start_soon(self._watch, self._watch_scope, ping(), timing, unresponsive(),
+                               ping_timeout)
 
     async def _watch(
         self, scope: anyio.CancelScope, ping: Request, timing: Timing, unresponsive: AgentdError,
@@ -200,6 +201,8 @@ class Client:
         self._direct: dict[str, _Connection] = {}
         self._attach_lock = anyio.Lock()
         self.reroutes = 0
+        self._event: Callable[[], NativeEvent]
+        self._event, self._now = native()
 
     @property
     def hello(self) -> Hello:
@@ -233,19 +236,27 @@ class Client:
         args: dict[str, Any],
         on_event: Callable[[dict[str, Any]], Any] | None,
     ) -> Any:
-        if conn.route is not None and op == "prompt":
-            # a direct route: a worker that answers nothing, not even a ping, fails it
-            ping = Request(id=next(self._ids), op="ping", client_id=self.client_id)
-            with conn.watched(self._nursery, ping, self.timing,
-                              _unresponsive(conn.route, self.timing)):
-                return await self._exchange_unwatched(conn, rid, op, args, on_event)
-        # the supervisor: however long a command takes, it answers pings meanwhile; one
-        # stopped or blocked after its hello fails the request after the client's patience
-        ping = Request(id=next(self._ids), op="ping", client_id=self.client_id)
-        with conn.watched(self._nursery, ping, self.timing,
-                          _supervisor_unresponsive(self.layout.socket, self.timing),
-                          ping_timeout=self.timing.patience):
+        conn.watchers += 1
+        try:
+            if conn.route is not None and op == "prompt":
+                # a direct route: a worker that answers nothing, not even a ping, fails it
+                route = conn.route
+                conn.watch_from(self._nursery, self._ping, self.timing,
+                                lambda: _unresponsive(route, self.timing),
+                                self.timing.link_ping_timeout)
+            else:
+                # the supervisor: however long a command takes, it answers pings meanwhile;
+                # one stopped or blocked after its hello fails the request after the client's
+                # patience
+                conn.watch_from(self._nursery, self._ping, self.timing,
+                                lambda: _supervisor_unresponsive(self.layout.socket, self.timing),
+                                self.timing.patience)
             return await self._exchange_unwatched(conn, rid, op, args, on_event)
+        finally:
+            conn.watchers -= 1
+
+    def _ping(self) -> Request:
+        return Request(id=next(self._ids), op="ping", client_id=self.client_id)
 
     async def _exchange_unwatched(
         self,
@@ -255,16 +266,16 @@ class Client:
         args: dict[str, Any],
         on_event: Callable[[dict[str, Any]], Any] | None,
     ) -> Any:
-        send, recv = anyio.create_memory_object_stream[Response | Event](_EVENTS_BUFFERED)
-        conn.pending[rid] = send
+        inbox: Inbox[Response | Event] = Inbox(_EVENTS_BUFFERED, self._event)
+        conn.pending[rid] = inbox
         try:
             if conn.closed:  # the reader ended before this request was pending
-                send.close()
+                inbox.end()
             try:
                 await conn.ms.send(Request(id=rid, op=op, client_id=self.client_id, args=args))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 raise _Lost("send failed") from None
-            async for msg in recv:
+            while (msg := await inbox.get()) is not None:
                 if isinstance(msg, Event):
                     if on_event is not None:
                         handled = on_event(msg.event)
@@ -279,8 +290,7 @@ class Client:
             raise _Lost("the connection closed before the response")
         finally:
             conn.pending.pop(rid, None)
-            recv.close()  # a reader blocked on this request's channel goes on
-            send.close()
+            inbox.abandon()  # a reader blocked on this request's inbox goes on
 
     async def request(
         self,
@@ -364,7 +374,7 @@ class Client:
         # output bytes come raw after each chunk's frame, not base64 in it
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False,
                        "raw": True}
-        deadline = anyio.current_time() + RETRY_FOR
+        deadline = self._now() + RETRY_FOR
         delay = RESEND_DELAY
         fresh = False
         while True:
@@ -385,7 +395,7 @@ class Client:
                 error = exc
             self._forget_route(session)
             self.reroutes += 1
-            if anyio.current_time() + delay > deadline:
+            if self._now() + delay > deadline:
                 raise AgentdError(
                     ErrorCode.WORKER_UNAVAILABLE,
                     f"session {session}: its worker could not be reached again within"

@@ -22,7 +22,7 @@ import anyio.abc
 import pytest
 
 from trio_agentd import _client
-from trio_agentd._aio import MessageStream, Silence
+from trio_agentd._aio import Inbox, MessageStream, Silence, native
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._paths import Layout
 from trio_agentd._protocol import (
@@ -358,3 +358,89 @@ async def test_a_stream_left_early_frees_the_connection_for_the_next_prompt(
                 break
         with anyio.fail_after(SETTLE):
             assert await client.prompt("s1", "next") == "next\n"
+
+
+async def test_an_inbox_holds_its_bound_and_a_full_one_makes_the_reader_wait(
+    anyio_backend: str,
+) -> None:
+    assert_on(anyio_backend)
+    inbox: Inbox[int] = Inbox(2, native()[0])
+    assert inbox.offer(1)
+    assert inbox.offer(2)
+    assert not inbox.offer(3)  # full: the reader has to wait for room
+    put = anyio.Event()
+
+    async def put_3() -> None:
+        await inbox.put(3)
+        put.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(put_3)
+        await anyio.wait_all_tasks_blocked()
+        assert not put.is_set()
+        assert await inbox.get() == 1  # room: the reader goes on
+        with anyio.fail_after(SETTLE):
+            await put.wait()
+    got: list[int | None] = []
+
+    async def get_all() -> None:
+        while (item := await inbox.get()) is not None:
+            got.append(item)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(get_all)
+        await anyio.wait_all_tasks_blocked()
+        assert got == [2, 3]  # and it waits for more...
+        assert inbox.offer(4)
+        await anyio.wait_all_tasks_blocked()
+        assert got == [2, 3, 4]
+        inbox.end()  # ...until the reader says nothing more comes
+    assert got == [2, 3, 4]
+
+
+async def test_an_abandoned_inbox_frees_its_reader_and_drops_what_comes(
+    anyio_backend: str,
+) -> None:
+    assert_on(anyio_backend)
+    inbox: Inbox[int] = Inbox(1, native()[0])
+    assert inbox.offer(1)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(inbox.put, 2)  # waits for room
+        await anyio.wait_all_tasks_blocked()
+        inbox.abandon()  # the request is gone: the reader goes on, the message dropped
+    assert inbox.offer(3)  # taken and dropped: nobody reads
+    assert await inbox.get() is None
+
+
+async def test_a_message_stream_raises_anyios_errors_whoever_closed_it(
+    anyio_backend: str,
+) -> None:
+    """On Trio the stream reads and writes the socket itself: its errors are still anyio's,
+    which is what the client's reader and requests catch."""
+    assert_on(anyio_backend)
+    ours, theirs = await socket_stream_pair()
+    ms = MessageStream(ours)
+    failed: list[type[BaseException]] = []
+
+    async def receive() -> None:
+        try:
+            await ms.receive()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            failed.append(type(exc))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(receive)
+        await anyio.wait_all_tasks_blocked()
+        await ms.aclose()  # closed here while its reader waits
+    assert failed == [anyio.ClosedResourceError]
+    with pytest.raises(anyio.ClosedResourceError):
+        await ms.send(Request(id=1, op="ping"))
+    await theirs.aclose()
+
+    ours, theirs = await socket_stream_pair()
+    ms = MessageStream(ours)
+    await theirs.aclose()  # the peer went away: its end of stream, then a broken pipe
+    assert await ms.receive() is None
+    with pytest.raises(anyio.BrokenResourceError):
+        await ms.send(Request(id=1, op="ping"))
+    await ms.aclose()

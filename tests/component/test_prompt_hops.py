@@ -14,15 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import trio
 import trio.testing
 
 from tests.component.test_direct_route import World, grant, reply
+from trio_agentd._aio import Inbox
 from trio_agentd._client import _Connection
 from trio_agentd._errors import AgentdError
-from trio_agentd._protocol import Response, encode
+from trio_agentd._protocol import Event, Request, Response, encode
 from trio_agentd._stream import MessageStream
 from trio_agentd._workerjournal import Journal
 from trio_agentd.testing import memory_stream_pair
@@ -159,25 +159,25 @@ async def _reader_steps(nursery: trio.Nursery, responses: int) -> int:
     """The reader's steps to hand over ``responses`` responses that arrive in one read."""
     ours, theirs = memory_stream_pair()
     conn = _Connection(_trio_framed(ours), None)
-    receivers = []
+    receivers: list[Inbox[Response | Event]] = []
     for rid in range(1, responses + 1):
-        send, recv = anyio.create_memory_object_stream[Response](4)
-        conn.pending[rid] = send  # type: ignore[assignment]
-        receivers.append(recv)
+        inbox: Inbox[Response | Event] = Inbox(4, trio.Event)
+        conn.pending[rid] = inbox
+        receivers.append(inbox)
     await theirs.send_all(b"".join(encode(Response(id=rid, ok=True, result=rid))
                                    for rid in range(1, responses + 1)))
     steps = Steps()
     trio.lowlevel.add_instrument(steps)
     try:
         nursery.start_soon(conn.run_reader)
-        got = [await recv.receive() for recv in receivers]
+        got = [await recv.get() for recv in receivers]
         await trio.testing.wait_all_tasks_blocked()
     finally:
         trio.lowlevel.remove_instrument(steps)
-    assert [r.result for r in got] == list(range(1, responses + 1))
+    assert [r.result for r in got if isinstance(r, Response)] == list(range(1, responses + 1))
     await theirs.aclose()
     for recv in receivers:
-        recv.close()
+        recv.abandon()
     return steps.steps["run_reader"]
 
 
@@ -193,16 +193,16 @@ async def test_the_client_reader_still_waits_for_a_full_channel(
 ) -> None:
     ours, theirs = memory_stream_pair()
     conn = _Connection(_trio_framed(ours), None)
-    send, recv = anyio.create_memory_object_stream[Response](1)
-    conn.pending[1] = send  # type: ignore[assignment]
+    recv: Inbox[Response | Event] = Inbox(1, trio.Event)
+    conn.pending[1] = recv
     await theirs.send_all(b"".join(encode(Response(id=1, ok=True, result=n)) for n in range(3)))
     nursery.start_soon(conn.run_reader)
     await trio.testing.wait_all_tasks_blocked()
     # backpressure: the reader holds the rest until the consumer reads (nothing dropped)
-    assert [await recv.receive() for _ in range(3)] == [
+    assert [await recv.get() for _ in range(3)] == [
         Response(id=1, ok=True, result=n) for n in range(3)]
     await theirs.aclose()
-    recv.close()
+    recv.abandon()
 
 
 async def test_an_attached_session_gets_its_connection_without_the_attach_lock(
@@ -222,3 +222,31 @@ async def test_an_attached_session_gets_its_connection_without_the_attach_lock(
             assert await client._attached("s1", {"session": "s1"}) is conn
             return
     pytest.fail("the attached session waited for the attach lock")
+
+
+async def test_a_prompt_on_a_direct_route_costs_its_caller_one_step_and_the_reader_one() -> None:
+    """The client's side of a sequential prompt over a real socket, on Trio: the caller's frame
+    goes out with no trip through the run loop and its answer is taken without another, so
+    the caller's task steps once (woken with its answer) and the connection's reader once (woken
+    by the worker's bytes) per prompt."""
+    from tests.component.test_client_backends import FakePeer, client_with
+
+    async def answer(peer: FakePeer, req: Request) -> None:
+        await peer.reply(int(req.id or 0), reply=req.args["text"])
+
+    prompts = 20
+    steps = Steps()
+    async with client_with(answer) as (client, _peer):
+        await client.request("prompt", {"session": "s1", "text": "warm"})  # routed, attached
+        del client._attached  # the client's own from here: the route is attached already
+
+        caller = trio.lowlevel.current_task().name.rsplit(".", 1)[-1]
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for i in range(prompts):
+                result = await client.request("prompt", {"session": "s1", "text": f"p{i}"})
+                assert result["reply"] == f"p{i}"
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+    assert steps.steps[caller] == prompts
+    assert steps.steps["run_reader"] == prompts

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from trio_util import AsyncValue
 
 from trio_agentd import _client, _syncconn
+from trio_agentd._aio import Inbox, native
 from trio_agentd._aio import MessageStream as ClientStream
 from trio_agentd._depth import MAX_DEPTH, nesting_depth
 from trio_agentd._errors import AgentdError, ErrorCode
@@ -541,25 +542,24 @@ async def test_async_client_fails_its_calls_with_the_peers_bad_frame(
     ours, theirs = await socket_stream_pair()
     hello = Hello(protocol=1, app_version="x", generation="g", pid=1, start_id=None, socket="/s")
     conn = _client._Connection(ClientStream(ours), hello)
-    send, recv = anyio.create_memory_object_stream[Response | Event](1)
-    conn.pending[1] = send
+    inbox: Inbox[Response | Event] = Inbox(1, native()[0])
+    conn.pending[1] = inbox
 
     async def hostile_peer() -> None:
         async with theirs:
             await theirs.send(frame + b"\n")
 
-    with recv:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(hostile_peer)
-            await conn.run_reader()  # returns: never raises out of the reader task
-        assert conn.closed
-        try:
-            decode(frame)
-        except AgentdError:
-            assert conn.error is not None
-            assert "bad frame" in conn.error.message
-        async for _ in recv:
-            pass  # the pending call's channel was closed
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(hostile_peer)
+        await conn.run_reader()  # returns: never raises out of the reader task
+    assert conn.closed
+    try:
+        decode(frame)
+    except AgentdError:
+        assert conn.error is not None
+        assert "bad frame" in conn.error.message
+    while await inbox.get() is not None:
+        pass  # the pending call's inbox was ended
 
 
 @pytest.mark.parametrize("name", ["deep_arrays_in_args", "unknown_field", "id_escape", "garbage"])
