@@ -53,6 +53,9 @@ def creator_args(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+RAW_CHUNK_SPLICED = 1 << 20  # bytes per raw chunk asked for when they are spliced, not read
+
+
 class Output:
     """A turn's output from its chunk events: exactly one copy of every byte, in order, per
     stream (the reply, and the agent's stderr).
@@ -308,9 +311,10 @@ class SyncClient:
         answers nothing, not even a ping, fails the prompt with ``worker_unresponsive`` (see
         :class:`_Liveness`)."""
         session = str(args.get("session") or "default")
-        # output bytes come raw after each chunk's frame, not base64 in it
+        # output bytes come raw after each chunk's frame, not base64 in it; a client that
+        # splices them on buffers none, so it takes a whole take from the pipe as one chunk
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False,
-                       "raw": True}
+                       "raw": RAW_CHUNK_SPLICED if self.payload_sink is not None else True}
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": "prompt",
                  "args": worker_args}
         route_args: dict[str, Any] = {

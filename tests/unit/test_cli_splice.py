@@ -15,7 +15,7 @@ import pytest
 
 from trio_agentd import _cli_io
 from trio_agentd._cli_io import Answer, Splice
-from trio_agentd._output import RAW_CHUNK_MAX
+from trio_agentd._output import RAW_CHUNK_MAX, raw_request
 from trio_agentd._protocol import Event, encode
 from trio_agentd._syncclient import Output
 from trio_agentd._syncconn import _Conn
@@ -254,3 +254,24 @@ def test_a_stdout_nobody_reads_stops_the_client_reading_the_socket() -> None:
         os.close(w)
     assert bytes(got) == DATA
     assert output.size == len(DATA)
+
+
+@pytest.mark.parametrize(
+    ("arg", "expected"),
+    [
+        (True, (True, RAW_CHUNK_MAX)),
+        (1 << 20, (True, 1 << 20)),
+        (1 << 30, (True, 1 << 20)),  # never more than a take
+        (1000, (True, RAW_CHUNK_MAX)),  # never less than a chunk
+        (False, (False, RAW_CHUNK_MAX)),
+        (None, (False, RAW_CHUNK_MAX)),
+        (0, (False, RAW_CHUNK_MAX)),
+        (-5, (False, RAW_CHUNK_MAX)),
+        ("yes", (False, RAW_CHUNK_MAX)),
+        (1.5e6, (False, RAW_CHUNK_MAX)),
+    ],
+)
+def test_the_raw_argument_asks_for_raw_chunks_of_a_bounded_size(
+    arg: object, expected: tuple[bool, int]
+) -> None:
+    assert raw_request(arg) == expected
