@@ -174,6 +174,16 @@ class Splice:
             left -= count
         return True
 
+    def close(self) -> None:
+        """Close our pipe (the output is the caller's)."""
+        import os
+
+        if self.pipe is not None:
+            os.close(self.pipe[0])
+            os.close(self.pipe[1])
+            self.pipe = None
+            self.usable = False
+
     def _drain(self, count: int, moved: Callable[[int], object]) -> None:
         """Our pipe's ``count`` bytes into the output (written the plain way if it refuses
         ``splice``: they are in our pipe already)."""

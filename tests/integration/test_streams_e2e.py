@@ -209,6 +209,8 @@ def test_a_client_that_splices_gets_a_whole_take_per_chunk_and_every_byte(
             on_event=output.on_event)
     finally:
         client.close()
+        if answer._splice is not None:
+            answer._splice.close()
         os.close(fd)
     output.finish(result)
     assert out_path.read_bytes() == expected

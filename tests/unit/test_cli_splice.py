@@ -32,12 +32,24 @@ def _frames(data: bytes, start: int = 0) -> Iterator[bytes]:
         yield piece
 
 
+_opened: list[Splice] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_splices() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
 def _answer_to(fd: int) -> Answer:
     """An :class:`Answer` whose stdout is ``fd``."""
     answer = Answer()
     answer.buffer = None
     answer._splice_checked = True
     answer._splice = Splice.open(fd)
+    if answer._splice is not None:
+        _opened.append(answer._splice)
     return answer
 
 
