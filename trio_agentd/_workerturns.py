@@ -35,6 +35,7 @@ from ._output import (
     chunk_event,
     inline,
     pieces,
+    raw_request,
     stored_pieces,
 )
 from ._protocol import (
@@ -69,6 +70,7 @@ class Running:
         self.request_id = request_id
         self.stream = True  # the listener wants the chunks as they come
         self.raw = False  # ... with their bytes raw after each frame (not base64)
+        self.raw_chunk = RAW_CHUNK_MAX  # ... at most this many per chunk sent from the file
         # replaced by the turn's own when it starts
         self.outputs = {STDOUT: TurnOutput(None), STDERR: TurnOutput(None, STDERR)}
         # per stream, bytes the current listener has been sent
@@ -225,7 +227,7 @@ class TurnRunner:
             running.listener = conn
             running.request_id = req.id
             running.stream = req.args.get("stream", True) is not False
-            running.raw = req.args.get("raw") is True
+            running.raw, running.raw_chunk = raw_request(req.args.get("raw"))
             running.sent_to = dict.fromkeys(STREAMS, 0)
             await self._catch_up(running)
         finally:
@@ -352,10 +354,11 @@ class TurnRunner:
                 return
             end = at + count
             events = []
-            for offset in range(at, end, RAW_CHUNK_MAX):
+            size = running.raw_chunk
+            for offset in range(at, end, size):
                 event = chunk_event(offset, b"", stream)
                 del event["data"]
-                events.append((event, offset, min(RAW_CHUNK_MAX, end - offset)))
+                events.append((event, offset, min(size, end - offset)))
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await listener.ms.send_events_file(running.request_id, events, fd)
             running.sent_to[stream] = end
@@ -466,7 +469,7 @@ class TurnRunner:
             for stream in STREAMS:
                 for at, piece in stored_pieces(result, stream):
                     await self._send_chunk(conn, req.id, at, piece, stream,
-                                           raw=req.args.get("raw") is True)
+                                           raw=raw_request(req.args.get("raw"))[0])
         if completed:
             answer = ok(req.id, result)
         elif result is None:
