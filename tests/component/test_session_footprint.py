@@ -7,10 +7,8 @@ from __future__ import annotations
 import gc
 import json
 import tracemalloc
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 import trio
 import trio.testing
 
@@ -22,13 +20,6 @@ from trio_agentd.testing import FakeWorkerOps, open_fake_supervisor
 # bytes a new handle allocates at most (measured: about 2.0 KB; with an instance dict and two
 # trio_util.AsyncValue it was 6.8 KB)
 HANDLE_BYTES_MAX = 3000
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
 
 
 def _bytes_per_handle(ops: FakeWorkerOps, n: int) -> float:
@@ -44,11 +35,13 @@ def _bytes_per_handle(ops: FakeWorkerOps, n: int) -> float:
     return (after - before) / n
 
 
-async def test_a_handle_has_no_instance_dict_and_stays_small(nursery: trio.Nursery) -> None:
-    ops = FakeWorkerOps(nursery)
-    h = WorkerHandle(ops, "s1", "echo", "/")
-    assert not hasattr(h, "__dict__")
-    assert _bytes_per_handle(ops, 200) <= HANDLE_BYTES_MAX
+async def test_a_handle_has_no_instance_dict_and_stays_small() -> None:
+    async with trio.open_nursery() as nursery:
+        ops = FakeWorkerOps(nursery)
+        h = WorkerHandle(ops, "s1", "echo", "/")
+        assert not hasattr(h, "__dict__")
+        assert _bytes_per_handle(ops, 200) <= HANDLE_BYTES_MAX
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_ready_session_keeps_no_copy_of_its_creating_clients_environment(
