@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Any, Protocol, assert_never
 
 import trio
-from trio_util import AsyncValue, wait_any
+from trio_util import wait_any
 
 from ._errors import AgentdError, ErrorCode
 from ._protocol import APP_VERSION, PROTOCOL_VERSION, Notice, Response
@@ -71,6 +71,7 @@ from ._recovery import (
     descriptor_lifecycle,
 )
 from ._session import now_iso
+from ._watched import WatchedValue
 from ._workerlink import EventSink, WorkerDropped, WorkerLink
 from .timing import LINK_CLOSE_TIMEOUT, Timing
 
@@ -167,9 +168,22 @@ class WorkerHandle:
     Making one spawns nothing, nor does ``supervise_new`` (a session with no worker yet): the
     first command (:meth:`call`, :meth:`wait_ready`) spawns its worker.
     ``supervise(alive=False, wanted=True)`` spawns as soon as it starts. ``mode`` (a
-    ``trio_util.AsyncValue`` of :class:`~trio_agentd._recovery.Mode`) says what the worker
-    is doing: ``await handle.mode.wait_value(Mode.READY)``.
+    :class:`~trio_agentd._watched.WatchedValue` of :class:`~trio_agentd._recovery.Mode`, the
+    interface of ``trio_util.AsyncValue`` in a few bytes) says what the worker is doing:
+    ``await handle.mode.wait_value(Mode.READY)``.
     """
+
+    # slots: a supervisor keeps one handle per session, thousands (an instance dict of this
+    # many fields is a kilobyte more each)
+    __slots__ = (
+        "_changed", "_demand", "_persist_failed", "_persist_retrying", "_persisted", "_prompts",
+        "_readers", "_retry", "_retry_pending", "_spawn_failure", "_stop_batch", "_stop_done",
+        "_stop_event", "_stop_request", "agent", "agent_failure", "busy", "cancel_scope",
+        "created_at", "cwd", "env", "evicted", "last_prompt", "link", "loaded_stop_reason", "log",
+        "mode", "ops", "pid", "restarts_loaded", "retired", "session_id", "spawn_limiter",
+        "start_id", "state", "supervised_since", "timing", "token", "turns", "unresponsive",
+        "worker_protocol", "worker_version",
+    )
 
     def __init__(
         self,
@@ -212,7 +226,7 @@ class WorkerHandle:
         # set while recovering a worker that stopped answering pings: when its ping was sent
         self.unresponsive: float | None = None
         self.state = RecoveryState()
-        self.mode: AsyncValue[Mode] = AsyncValue(Mode.STOPPED)
+        self.mode: WatchedValue[Mode] = WatchedValue(Mode.STOPPED)
         self._demand = trio.Event()
         self._retry = trio.Event()
         self._stop_event = trio.Event()
@@ -223,7 +237,7 @@ class WorkerHandle:
         # eviction or a kill): the supervise task starts by finishing it
         self.loaded_stop_reason = StopReason.NONE
         self.retired = trio.Event()  # killed and forgotten: commands look the session up again
-        self._changed: AsyncValue[int] = AsyncValue(0)  # bumped on every state change
+        self._changed: WatchedValue[int] = WatchedValue(0)  # bumped on every state change
         self._prompts = 0  # prompts through this supervisor in flight (running or queued)
         self._persisted = (Mode.STOPPED, StopReason.NONE)  # what the descriptor says
         self._retry_pending = False
@@ -731,6 +745,9 @@ class WorkerHandle:
     def _adopt_link(self, link: WorkerLink) -> None:
         """Make ``link`` current; its reader runs in the handle's nursery for the link's life."""
         self.link = link
+        # a worker of the session ran: its start recorded the creating client's environment
+        # in the session's metadata, which every later start reads; a few KB less a session
+        self.env = None
         self.worker_version = link.hello.app_version
         self.worker_protocol = link.hello.protocol
         self.unresponsive = None

@@ -29,7 +29,7 @@ class FakeSession:
 
     Attributes:
         handle: the session as the supervisor sees it: ``handle.mode`` (a
-            ``trio_util.AsyncValue`` of :class:`Mode`:
+            ``WatchedValue`` of :class:`Mode`, as ``trio_util.AsyncValue``:
             ``await handle.mode.wait_value(Mode.READY)``), ``handle.pid``,
             ``handle.restarts``, ``handle.log``.
         ops: its fake processes: ``ops.processes[i]`` is the i-th spawn (``.die()`` is
