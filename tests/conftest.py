@@ -3,6 +3,15 @@ from __future__ import annotations
 import signal
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis's per-example deadline and its "generation is slow" check time examples on the
+# wall clock: on a loaded 2-core machine a 200 ms deadline fails tests whose properties hold.
+# No property test here is about speed (figures live in benchmarks/), so neither applies.
+settings.register_profile(
+    "wall-clock-free", deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("wall-clock-free")
 
 # Tests send SIGINT (Ctrl-C) to the processes they start. A test run started in the background
 # by a non-interactive shell (`.ci/run &`) inherits SIGINT ignored, and every process it starts
