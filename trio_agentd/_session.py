@@ -6,6 +6,7 @@ import contextlib
 import datetime as _dt
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -48,15 +49,18 @@ _second: tuple[int, str] = (-1, "")  # the last whole second formatted (a turn's
 
 
 def iso_ms(t: float) -> str:
-    """``t`` (seconds since the epoch) as UTC ISO 8601 with milliseconds (truncated), as
+    """``t`` (seconds since the epoch, not before it) as UTC ISO 8601 with milliseconds, as
     ``datetime.isoformat(timespec="milliseconds")`` writes it, ``Z`` for the zone; the
     date and time of the second formatted once per second, not per line."""
     global _second
-    sec = int(t // 1)
+    # split as datetime does: the fraction rounded to microseconds (half to even), then cut
+    frac, whole = math.modf(t)
+    sec, us = int(whole), round(frac * 1e6)
+    if us >= 1_000_000:
+        sec, us = sec + 1, us - 1_000_000
     if _second[0] != sec:
         _second = (sec, _dt.datetime.fromtimestamp(sec, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"))
-    ms = min(int((t - sec) * 1000), 999)
-    return f"{_second[1]}.{ms:03d}Z"
+    return f"{_second[1]}.{us // 1000:03d}Z"
 
 
 class Transcript:
