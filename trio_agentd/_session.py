@@ -6,7 +6,9 @@ import contextlib
 import datetime as _dt
 import json
 import logging
+import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,25 @@ def check_session_id(session_id: str) -> str:
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso_ms(time.time())
+
+
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted (a turn's lines share it)
+
+
+def iso_ms(t: float) -> str:
+    """``t`` (seconds since the epoch, not before it) as UTC ISO 8601 with milliseconds, as
+    ``datetime.isoformat(timespec="milliseconds")`` writes it, ``Z`` for the zone; the
+    date and time of the second formatted once per second, not per line."""
+    global _second
+    # split as datetime does: the fraction rounded to microseconds (half to even), then cut
+    frac, whole = math.modf(t)
+    sec, us = int(whole), round(frac * 1e6)
+    if us >= 1_000_000:
+        sec, us = sec + 1, us - 1_000_000
+    if _second[0] != sec:
+        _second = (sec, _dt.datetime.fromtimestamp(sec, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{_second[1]}.{us // 1000:03d}Z"
 
 
 class Transcript:
@@ -64,6 +84,7 @@ class Transcript:
         self.keys: set[tuple[str, str]] = set()
         self.last: dict[str, Any] | None = None
         self._fd: int | None = None
+        self._size: int | None = None  # of the open file (only this worker appends to it)
         self.pending: list[bytes] = []  # lines not written yet (a write failed)
         self._floor = 0  # a file no bigger than this (its rotated header) is not rotated
         try:
@@ -129,7 +150,9 @@ class Transcript:
             _fs.ensure_dir(self.dir)
             self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         while self.pending:
-            start = os.fstat(self._fd).st_size
+            if self._size is None:  # (the file's size is read once per open, then kept)
+                self._size = os.fstat(self._fd).st_size
+            start = self._size
             limit = self.limits.max_bytes
             if limit > 0 and start > self._floor and start + len(self.pending[0]) > limit:
                 self._rotate()
@@ -137,9 +160,11 @@ class Transcript:
             try:
                 _fs.write_all(self._fd, self.pending[0])
             except OSError:
+                self._size = None  # (read again: the cut below may not have happened)
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, start)
                 raise
+            self._size = start + len(self.pending[0])
             del self.pending[0]
 
     def _rotate(self) -> None:
@@ -152,6 +177,7 @@ class Transcript:
             os.fsync(self._fd)  # the old file is complete before it is moved
         os.close(self._fd)
         self._fd = None
+        self._size = None
         shift(self.path, self.limits.backups)
         self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         # the line that did not fit is not written yet: turns before it are done
@@ -177,6 +203,7 @@ class Transcript:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            self._size = None
 
 
 def write_meta(session_dir: Path, meta: dict[str, Any]) -> None:

@@ -45,6 +45,23 @@ class MessageStream(Framing):
         finally:
             self._send_lock.release()
 
+    async def send_last(self, msg: Message) -> None:
+        """:meth:`send` for a task's last act (a prompt's answer): on a socket with room for
+        the whole frame it is written at once, without a trip through the scheduler (a task
+        that ends next needs none); one without room is waited for, as by ``send``
+        (backpressure). On other streams it is ``send``."""
+        sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
+        if sock is None:
+            await self.send(msg)
+            return
+        data = encode(msg)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._lock()
+        try:
+            await _write(sock, data)
+        finally:
+            self._send_lock.release()
+
     async def _lock(self) -> None:
         """Take the send lock; a free one without a trip through the scheduler (``send_all``
         is a checkpoint anyway), so a frame costs one yield, not two."""

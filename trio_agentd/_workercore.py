@@ -422,6 +422,16 @@ class WorkerCore(TurnRunner):
                 continue
             if isinstance(req, Request):
                 conn.in_flight.value += 1
+                if req.op == "prompt":
+                    started = self.start_prompt(conn, req)  # a new prompt, no task of its own
+                    if started is True:
+                        continue
+                    if started is not False:  # refused: it could not be journalled
+                        try:
+                            await self._respond(conn, started)
+                        finally:
+                            conn.in_flight.value -= 1
+                        continue
                 handlers.start_soon(self._handle_counted, conn, req)
             else:
                 await self._respond(conn, fail(None, AgentdError(
@@ -479,11 +489,16 @@ class WorkerCore(TurnRunner):
                     )
 
     # commands ---------------------------------------------------------------------------
-    async def _respond(self, conn: Conn, msg: Any) -> None:
+    async def _respond(self, conn: Conn, msg: Any, *, last: bool = False) -> None:
+        """Send ``msg`` unless the connection is gone; ``last``: the task's last act (see
+        :meth:`MessageStream.send_last`)."""
         if conn.dropped:
             return
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await conn.ms.send(msg)
+            if last:
+                await conn.ms.send_last(msg)
+            else:
+                await conn.ms.send(msg)
 
     async def _send_chunk(
         self, conn: Conn, request_id: Any, at: int, piece: bytes, stream: str, *, raw: bool

@@ -42,6 +42,7 @@ from ._protocol import (
     Event,
     Notice,
     Request,
+    Response,
     fail,
     ok,
 )
@@ -121,7 +122,7 @@ class TurnRunner:
 
         async def _drop(self, conn: Conn, reason: str) -> None: ...
 
-        async def _respond(self, conn: Conn, msg: Any) -> None: ...
+        async def _respond(self, conn: Conn, msg: Any, *, last: bool = False) -> None: ...
 
         async def _send_chunk(
             self, conn: Conn, request_id: Any, at: int, piece: bytes, stream: str, *, raw: bool
@@ -142,18 +143,93 @@ class TurnRunner:
         try:
             await self._prompt_answered(conn, req)
         finally:
-            self._answering -= 1
-            if not self._answering:
-                self._answered.set()
-                self._answered = trio.Event()
+            self._prompt_done()
+
+    def _prompt_done(self) -> None:
+        self._answering -= 1
+        if not self._answering:
+            self._answered.set()
+            self._answered = trio.Event()
+
+    def start_prompt(self, conn: Conn, req: Request) -> bool | Response:
+        """Start a new prompt from the connection's reader, without a task of its own, when
+        nothing stands in its way: the worker is up and not stopping, the command is neither
+        done nor running, the session's turn is free, the connection still valid. Its turn
+        runs in the worker's nursery, as any (a dropped connection cannot abandon it), and
+        answers the prompt itself when it ends (:meth:`_execute_answered`): a prompt costs no
+        task and no trip through the scheduler of its own.
+
+        Returns:
+            ``True``: started (the caller counts it in flight; the turn uncounts it);
+            ``False``: the prompt takes the general path (:meth:`_prompt`, in a task);
+            a response: the prompt was refused (it could not be journalled): send it.
+        """
+        if not self._recovered.is_set() or self.stop_requested.is_set():
+            return False
+        text = req.args.get("text")
+        if not isinstance(text, str):
+            return False
+        k, command_id = _command_key(req)
+        if k in self._running or self._done_result(k) is not None:
+            return False
+        try:
+            self._turn.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        if not self._valid(conn):  # _handle drops the connection, or refuses the route
+            self._turn.release()
+            return False
+        try:
+            running, accepted = self._accept(conn, req, k, command_id)
+        except AgentdError as exc:
+            return fail(req.id, exc)
+        running.stream = req.args.get("stream", True) is not False
+        running.raw = req.args.get("raw") is True
+        self._answering += 1
+        assert self._nursery is not None
+        self._nursery.start_soon(self._execute_answered, k, text, running, accepted, conn, req)
+        return True
+
+    def _accept(self, conn: Conn, req: Request, k: _journal.Key, command_id: str | int
+                ) -> tuple[Running, int]:
+        """Journal a new command (the caller holds ``self._turn``): its running turn and
+        the sequence number of its ``accepted`` record (0 without a journal).
+
+        Raises:
+            AgentdError: the record could not be written; the turn is released, and nothing
+                of the command is left (a resend runs it).
+        """
+        running = Running(conn, req.id)
+        self._running[k] = running
+        accepted = 0
+        if self.journal is not None:
+            try:
+                accepted = self.journal.append(
+                    _journal.accepted(req.client_id, command_id, "prompt", req.args,
+                                      boot=self.boot_id or None)
+                )
+            except AgentdError:
+                # never accepted: nothing of it is in the journal; a resend runs it
+                del self._running[k]
+                self._turn.release()
+                raise
+        return running, accepted
+
+    async def _execute_answered(
+        self, k: _journal.Key, text: str, running: Running, accepted: int, conn: Conn,
+        req: Request,
+    ) -> None:
+        """:meth:`_execute` a prompt :meth:`start_prompt` started, then answer it."""
+        try:
+            await self._execute(k, text, running, accepted)
+            await self._answer(conn, req, running, last=True)
+        finally:
+            conn.in_flight.value -= 1
+            self._prompt_done()
 
     async def _prompt_answered(self, conn: Conn, req: Request) -> None:
         before_stop = not self.stop_requested.is_set()
-        # the journal key is the client's (client_id, command id); req.id is per link
-        command_id = req.args.get("command_id", req.id)
-        if not isinstance(command_id, (str, int)):
-            command_id = str(command_id)
-        k = _journal.key_of(req.client_id, command_id)
+        k, command_id = _command_key(req)
         if await self._answer_if_done(conn, req, k):
             return
         running = self._running.get(k)
@@ -201,21 +277,11 @@ class TurnRunner:
                 return
             running = self._running.get(k)
             if running is None:
-                running = Running(conn, req.id)
-                self._running[k] = running
-                accepted = 0
-                if self.journal is not None:
-                    try:
-                        accepted = self.journal.append(
-                            _journal.accepted(req.client_id, command_id, "prompt", req.args,
-                                              boot=self.boot_id or None)
-                        )
-                    except AgentdError as exc:
-                        # never accepted: nothing of it is in the journal; a resend runs it
-                        del self._running[k]
-                        self._turn.release()
-                        await self._respond(conn, fail(req.id, exc))
-                        return
+                try:
+                    running, accepted = self._accept(conn, req, k, command_id)
+                except AgentdError as exc:
+                    await self._respond(conn, fail(req.id, exc))
+                    return
                 assert self._nursery is not None
                 # runs in the worker's nursery: a dropped connection cannot abandon it
                 self._nursery.start_soon(self._execute, k, text, running, accepted)
@@ -233,6 +299,12 @@ class TurnRunner:
         finally:
             running.lock.release()
         await running.done.wait()
+        await self._answer(conn, req, running)
+
+    async def _answer(self, conn: Conn, req: Request, running: Running, *,
+                      last: bool = False) -> None:
+        """Answer ``req`` with the outcome of its turn, which has ended (``last``: the
+        caller's last act, see :meth:`_respond`)."""
         if (
             running.error is None
             and isinstance(running.result, dict)
@@ -248,9 +320,9 @@ class TurnRunner:
             finally:
                 running.lock.release()
         if running.error is not None:
-            await self._respond(conn, fail(req.id, running.error))
+            await self._respond(conn, fail(req.id, running.error), last=last)
         else:
-            await self._respond(conn, ok(req.id, running.result))
+            await self._respond(conn, ok(req.id, running.result), last=last)
 
     async def _cancel(self, conn: Conn, req: Request) -> None:
         """Cancel a running turn: this client's command ``command_id``, or without one the
@@ -687,6 +759,15 @@ class TurnRunner:
             kind, turn=self.turns + 1, command=list(k),
             prompt=text if isinstance(text, str) else None, bytes=running.outputs[STDOUT].size,
             error=error.message)
+
+
+def _command_key(req: Request) -> tuple[_journal.Key, str | int]:
+    """A prompt's journal key, the client's ``(client_id, command id)`` (``req.id`` is per
+    link), and its command id."""
+    command_id = req.args.get("command_id", req.id)
+    if not isinstance(command_id, (str, int)):
+        command_id = str(command_id)
+    return _journal.key_of(req.client_id, command_id), command_id
 
 
 async def _acquire(lock: trio.Lock) -> None:

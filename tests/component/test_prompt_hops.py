@@ -18,11 +18,20 @@ import pytest
 import trio
 import trio.testing
 
-from tests.component.test_direct_route import World, grant, reply
+from tests.component.test_direct_route import (
+    ADMITTED,
+    HELLO,
+    TTL,
+    WALL0,
+    ClientEnd,
+    World,
+    grant,
+    reply,
+)
 from trio_agentd._aio import Inbox
 from trio_agentd._client import _Connection
 from trio_agentd._errors import AgentdError
-from trio_agentd._protocol import Event, Request, Response, encode
+from trio_agentd._protocol import Attach, Event, Request, Response, encode
 from trio_agentd._stream import MessageStream
 from trio_agentd._workerjournal import Journal
 from trio_agentd.testing import memory_stream_pair
@@ -53,14 +62,26 @@ def journal(tmp_path: Path) -> Iterator[Journal]:
     j.close()
 
 
+async def _socket_client(w: World) -> ClientEnd:
+    """A client on a direct route over a real socket pair (what a prompt's answer is written
+    to), attached with a grant that holds on the real clock."""
+    ours, theirs = trio.socket.socketpair()
+    w.nursery.start_soon(w.core.serve_connection, trio.SocketStream(theirs))
+    client = ClientEnd(trio.SocketStream(ours), "client-1")
+    assert await client.ms.receive() == HELLO
+    await client.ms.send(Attach(grant=grant("g1", expires_at=WALL0 + trio.current_time() + TTL)))
+    assert await client.ms.receive() == ADMITTED
+    return client
+
+
 @pytest.mark.usefixtures("no_worker_errors")
-async def test_an_idle_sessions_one_chunk_turn_runs_in_one_step_and_flushes_once(
-    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, journal: Journal
+async def test_an_idle_sessions_prompt_takes_one_step_of_its_own_and_flushes_once(
+    nursery: trio.Nursery, journal: Journal
 ) -> None:
     w = World(nursery, journal=journal)
     await w.start()
     await w.supervisor(w.owner("g1", 100))
-    client = await w.attached(grant("g1"))
+    client = await _socket_client(w)
     await client.send(1, "prompt", text="warm", stream=False)
     assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] warm\n"))
 
@@ -70,17 +91,61 @@ async def test_an_idle_sessions_one_chunk_turn_runs_in_one_step_and_flushes_once
     try:
         await client.send(2, "prompt", text="hello", stream=False)
         events, response = await client.until_response()
+        await trio.testing.wait_all_tasks_blocked()
     finally:
         trio.lowlevel.remove_instrument(steps)
     assert (events, response) == ([], reply(2, 2, "[echo turn 2] hello\n"))
-    # the turn's first (and only) chunk takes its free lock without a checkpoint, and the
-    # outcome's inline flush needs no wait (so no shielded scope around one): one step
-    assert steps.steps["_execute"] == 1
+    # the connection's reader starts the prompt itself (no task to handle it) and reads on;
+    # the turn runs as one step: its first (and only) chunk takes its free lock without a
+    # checkpoint, the outcome's inline flush needs no wait, and the answer fits in the socket
+    assert "_handle_counted" not in steps.steps
+    assert steps.steps["serve_connection"] == 1
+    assert steps.steps["_execute_answered"] == 1
     # one fdatasync covers the turn's accepted, started and completed records
     assert journal.flushes == flushes + 1
     assert [line.split(b'"kind":"')[1].split(b'"')[0]
             for line in journal.path.read_bytes().splitlines()[-3:]] == [
         b"accepted", b"started", b"completed"]
+    await client.ms.aclose()
+
+
+async def test_a_last_send_with_room_is_no_trip_through_the_scheduler() -> None:
+    ours, theirs = trio.socket.socketpair()
+    async with trio.SocketStream(ours) as a, trio.SocketStream(theirs) as b:
+        sender = MessageStream(a)
+        response = Response(id=1, ok=True, result={"reply": "x"})
+
+        async def answer() -> None:
+            await sender.send_last(response)
+
+        steps = Steps()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(answer)
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert steps.steps["answer"] == 1  # (send: 2, the second only to end the task)
+        assert await MessageStream(b).receive() == response
+
+
+async def test_a_last_send_without_room_waits_for_the_reader() -> None:
+    ours, theirs = trio.socket.socketpair()
+    async with trio.SocketStream(ours) as a, trio.SocketStream(theirs) as b:
+        sender = MessageStream(a)
+        big = Response(id=1, ok=True, result={"reply": "x" * (4 << 20)})  # past any buffer
+        sent = trio.Event()
+
+        async def send() -> None:
+            await sender.send_last(big)
+            sent.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not sent.is_set()  # backpressure: nothing dropped, nothing buffered
+            assert await MessageStream(b, limit=8 << 20).receive() == big
+        assert sent.is_set()
 
 
 def test_synced_flushes_inline_when_nothing_else_does(journal: Journal) -> None:
