@@ -5,9 +5,9 @@ It runs on anyio: the same code serves a program under ``asyncio.run``, ``trio.r
 
 A :class:`Client` survives its supervisor: when the connection is lost (the supervisor was
 killed, restarted or replaced) a request reconnects — autostarting a supervisor if needed —
-with capped backoff for up to ``RETRY_FOR`` seconds and resends the command with the *same*
-``(client_id, id)``; the worker's journal answers a resend of a command that already ran, so
-nothing runs twice.
+with capped backoff for up to ``RETRY_FOR`` seconds from the loss and resends the command with
+the *same* ``(client_id, id)``; the worker's journal answers a resend of a command that already
+ran, so nothing runs twice.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from ._trust import isolated_python, prove_peer, prove_socket_dir
 from ._wirerules import REROUTE as _REROUTE
 from ._wirerules import RETRY_FOR as RETRY_FOR
 from ._wirerules import RETRYABLE as _RETRYABLE
+from ._wirerules import retry_deadline as _retry_deadline
 from .timing import DEFAULT_TIMING, Timing
 
 _EVENTS_BUFFERED = 8  # per request (chunks of up to 256 KiB: 2 MiB); a consumer that falls
@@ -327,7 +328,7 @@ class Client:
         on_event: Callable[[dict[str, Any]], Any] | None,
     ) -> Any:
         budget = 0.0 if op in _NO_RESEND else RETRY_FOR
-        deadline = anyio.current_time() + budget
+        deadline: float | None = None  # opened by the first loss (see _retry_deadline)
         delay = RESEND_DELAY
         while True:
             try:
@@ -342,7 +343,9 @@ class Client:
                 ):
                     raise
                 error = exc
-            if anyio.current_time() + delay > deadline:
+            now = anyio.current_time()
+            deadline = _retry_deadline(deadline, now, budget)
+            if now + delay > deadline:
                 raise AgentdError(
                     ErrorCode.DAEMON_UNAVAILABLE,
                     f"lost the supervisor on {self.layout.socket} ({error}) and could not reach"
@@ -374,7 +377,7 @@ class Client:
         # output bytes come raw after each chunk's frame, not base64 in it
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False,
                        "raw": True}
-        deadline = self._now() + RETRY_FOR
+        deadline: float | None = None  # opened by the first loss (see _retry_deadline)
         delay = RESEND_DELAY
         fresh = False
         while True:
@@ -395,7 +398,9 @@ class Client:
                 error = exc
             self._forget_route(session)
             self.reroutes += 1
-            if self._now() + delay > deadline:
+            now = self._now()
+            deadline = _retry_deadline(deadline, now, RETRY_FOR)
+            if now + delay > deadline:
                 raise AgentdError(
                     ErrorCode.WORKER_UNAVAILABLE,
                     f"session {session}: its worker could not be reached again within"

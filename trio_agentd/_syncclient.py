@@ -24,7 +24,7 @@ from ._syncconn import probe as probe
 from ._trust import prove_peer, prove_socket_dir
 from ._version import APP_VERSION, PROTOCOL_VERSION
 from ._wirerules import CREATING_OPS as CREATING_OPS
-from ._wirerules import REROUTE, RETRY_FOR, RETRYABLE
+from ._wirerules import REROUTE, RETRY_FOR, RETRYABLE, retry_deadline
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
@@ -261,7 +261,7 @@ class SyncClient:
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": op,
                  "args": args}
         budget = RETRY_FOR if retry_for is None else retry_for
-        deadline = time.monotonic() + budget
+        deadline: float | None = None  # opened by the first loss (see retry_deadline)
         delay = RESEND_DELAY
         while True:
             try:
@@ -283,18 +283,20 @@ class SyncClient:
                 return result
             except (OSError, _Lost) as exc:
                 self.close()
-                if time.monotonic() + delay > deadline:
+                now = time.monotonic()
+                deadline = retry_deadline(deadline, now, budget)
+                if now + delay > deadline:
                     raise AgentdError(
                         ErrorCode.DAEMON_UNAVAILABLE,
                         f"lost the supervisor on {self.layout.socket} ({exc}) and could not"
                         f" reach one again within {budget:g}s",
                     ) from None
             except AgentdError as exc:
-                if (
-                    exc.code not in RETRYABLE
-                    or exc.details.get("wedged")
-                    or time.monotonic() + delay > deadline
-                ):
+                if exc.code not in RETRYABLE or exc.details.get("wedged"):
+                    raise
+                now = time.monotonic()
+                deadline = retry_deadline(deadline, now, budget)
+                if now + delay > deadline:
                     raise
                 self.close()
             time.sleep(delay)
@@ -320,7 +322,7 @@ class SyncClient:
         route_args: dict[str, Any] = {
             k: args[k] for k in ("agent", "cwd", "cwd_given", "env") if k in args}
         route_args["session"] = session
-        deadline = time.monotonic() + RETRY_FOR
+        deadline: float | None = None  # opened by the first loss (see retry_deadline)
         delay = RESEND_DELAY
         # a warm prompt goes straight to the worker on the route this session was last
         # granted (see _read_route); any failure falls back to the supervisor, as a stale
@@ -384,7 +386,9 @@ class SyncClient:
                     conn.close()
             if self.trace is not None:
                 self.trace(f"route: failed ({error}); asking the supervisor again")
-            if time.monotonic() + delay > deadline:
+            now = time.monotonic()
+            deadline = retry_deadline(deadline, now, RETRY_FOR)
+            if now + delay > deadline:
                 raise AgentdError(
                     ErrorCode.WORKER_UNAVAILABLE,
                     f"session {session}: its worker could not be reached again within"

@@ -20,3 +20,14 @@ RETRYABLE = frozenset({ErrorCode.DAEMON_UNAVAILABLE, ErrorCode.SHUTTING_DOWN})
 REROUTE = frozenset({ErrorCode.WORKER_UNAVAILABLE, ErrorCode.GRANT_REFUSED})
 # ops that may create a session: they carry the creating client's cwd and environment
 CREATING_OPS = frozenset({"prompt", "create_session", "route"})
+
+
+def retry_deadline(deadline: float | None, now: float, window: float) -> float:
+    """When a command stops being resent: ``window`` seconds after its *first* lost try.
+
+    The window opens at the loss, not at the send: a turn that ran for minutes before its
+    connection dropped (a worker killed mid-turn) still gets its whole window to reach the
+    respawned worker, whose journal answers the resend. Later losses keep the first one's
+    window, so a connection that keeps dropping is given up ``window`` after it first did.
+    """
+    return now + window if deadline is None else deadline

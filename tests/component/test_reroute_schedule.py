@@ -94,3 +94,65 @@ async def test_the_route_is_given_up_after_its_bound(
     last = rec.attempts[-1][0]
     assert last <= _client.RETRY_FOR
     assert last + 1.0 > _client.RETRY_FOR  # the next try (1 s later) would be past the bound
+
+
+class _LongTurn(_Recorder):
+    """The first try is a turn that runs ``turn`` seconds before its connection drops (its
+    worker killed mid-turn); every try after it fails ``failures`` times, then answers."""
+
+    def __init__(self, turn: float, failures: list[str]) -> None:
+        super().__init__(failures)
+        self.turn = turn
+
+    async def exchange_on(self, conn: Any, rid: int, op: str, args: dict[str, Any],
+                          on_event: Any) -> Any:
+        if not self.attempts:
+            self.attempts.append((trio.current_time(), rid))
+            await trio.sleep(self.turn)
+            raise AgentdError(ErrorCode.WORKER_UNAVAILABLE, "connection lost mid-turn")
+        return await super().exchange_on(conn, rid, op, args, on_event)
+
+
+async def test_a_turn_longer_than_the_window_that_drops_is_still_resent(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """The resend window opens at the loss, not at the send: a 5-minute turn whose worker dies
+    is resent (same id) 25 ms after the drop, and answered from the respawned worker."""
+    rec = _LongTurn(300.0, [])
+    client = _client_with(rec, nursery)
+    result = await client._prompt_direct(7, {"session": "s", "text": "hi"}, None)
+    assert result == {"turn": 1, "reply": "ok\n"}
+    assert rec.attempts == [(0.0, 7), (pytest.approx(300.025), 7)]
+
+
+async def test_the_window_after_a_long_turn_is_the_whole_bound_from_the_drop(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    rec = _LongTurn(300.0, [ErrorCode.WORKER_UNAVAILABLE] * 1000)
+    client = _client_with(rec, nursery)
+    with pytest.raises(AgentdError) as info:
+        await client._prompt_direct(7, {"session": "s", "text": "hi"}, None)
+    assert info.value.code == ErrorCode.WORKER_UNAVAILABLE
+    last = rec.attempts[-1][0]
+    assert 300.0 + _client.RETRY_FOR - 1.0 < last <= 300.0 + _client.RETRY_FOR
+
+
+async def test_a_supervisor_request_lost_after_a_long_wait_is_still_resent(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """The same for a command to the supervisor: answered only after 100 s (a long stop), then
+    its connection lost; the resend goes out 25 ms later."""
+    c = _client.Client(nursery, Layout(home="/h", socket="/s/d.sock", registry="/r"),
+                       DEFAULT_TIMING, autostart=False)
+    tries: list[float] = []
+
+    async def exchange_once(rid: int, op: str, args: dict[str, Any], on_event: Any) -> Any:
+        tries.append(trio.current_time())
+        if len(tries) == 1:
+            await trio.sleep(100.0)
+            raise AgentdError(ErrorCode.DAEMON_UNAVAILABLE, "supervisor went away")
+        return {"ok": True}
+
+    c._exchange_once = exchange_once  # type: ignore[method-assign]
+    assert await c._request_supervisor(3, "kill", {"session": "s"}, None) == {"ok": True}
+    assert tries == [0.0, pytest.approx(100.025)]
