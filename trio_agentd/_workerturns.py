@@ -184,7 +184,7 @@ class TurnRunner:
         except AgentdError as exc:
             return fail(req.id, exc)
         running.stream = req.args.get("stream", True) is not False
-        running.raw = req.args.get("raw") is True
+        running.raw, running.raw_chunk = raw_request(req.args.get("raw"))
         self._answering += 1
         assert self._nursery is not None
         self._nursery.start_soon(self._execute_answered, k, text, running, accepted, conn, req)
