@@ -82,11 +82,9 @@ def cmd_prompt(layout: Layout, args: PromptArgs) -> int:
     # resend's repeat is skipped). --json gathers them for the one object it prints
     output = (
         Output(kept["stdout"].append, kept["stderr"].append) if args.json
-        else Output(out.write_bytes, err.write_bytes, splice=out.splice_from)
+        else Output(out.write_bytes, err.write_bytes)
     )
     client = new_client(layout, connect=False)
-    if output.splice is not None:
-        client.payload_sink = output.take_payload
     client.connect_for_prompt(args.session, args.agent, cwd_given=bool(cwd))
     result = client.request(
         "prompt",

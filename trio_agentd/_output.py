@@ -33,7 +33,6 @@ CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 Mi
 RAW_CHUNK_MAX = CHUNK_MAX  # bytes per raw chunk sent from a file (what a client buffers is
 # counted in chunks, so a chunk is no bigger raw than base64)
 TAKE_MAX = 1 << 20  # bytes moved from an agent's pipe at once (the pipe's size: see widen_pipe)
-RAW_CHUNK_ASKED_MAX = TAKE_MAX  # the biggest raw chunk a client may ask for (a whole take)
 
 ZERO_COPY = hasattr(os, "splice") and hasattr(os, "sendfile")
 """Whether pipe → output file (``splice``) and output file → socket (``sendfile``) may skip
@@ -58,19 +57,6 @@ def event_stream(event: dict[str, Any]) -> str | None:
     """The stream a chunk event belongs to; ``None`` for a stream this version does not know."""
     stream = event.get("stream", STDOUT)
     return stream if stream in STREAMS else None
-
-
-def raw_request(arg: Any) -> tuple[bool, int]:
-    """A prompt's ``raw`` argument: whether its chunks' bytes come raw, and the biggest raw
-    chunk sent from a file. ``true``: :data:`RAW_CHUNK_MAX`; a number of bytes: that many,
-    within :data:`RAW_CHUNK_MAX` … :data:`RAW_CHUNK_ASKED_MAX` (a client that does not buffer
-    chunks, the CLI splicing them to its stdout, takes a whole take as one chunk: one frame
-    and one ``sendfile`` per take, not four); anything else: base64."""
-    if arg is True:
-        return True, RAW_CHUNK_MAX
-    if type(arg) is int and arg > 0:
-        return True, min(max(arg, RAW_CHUNK_MAX), RAW_CHUNK_ASKED_MAX)
-    return False, RAW_CHUNK_MAX
 
 
 def pieces(data: bytes) -> Iterator[tuple[int, bytes]]:

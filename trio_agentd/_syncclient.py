@@ -31,12 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from ._syncconn import PayloadSink
     from .timing import Timing
-
-    Splice = Callable[[int, int, float | None, Callable[[int], object]], bool]
-    """Moves ``size`` bytes of a socket to the output: ``(fd, size, timeout, moved)``; see
-    :meth:`trio_agentd._cli_io.Answer.splice_from`."""
 
 
 
@@ -53,9 +48,6 @@ def creator_args(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-RAW_CHUNK_SPLICED = 1 << 20  # bytes per raw chunk asked for when they are spliced, not read
-
-
 class Output:
     """A turn's output from its chunk events: exactly one copy of every byte, in order, per
     stream (the reply, and the agent's stderr).
@@ -65,31 +57,13 @@ class Output:
     what no chunk carried (a client that did not stream, a small answer).
     """
 
-    __slots__ = ("sinks", "sizes", "splice")
+    __slots__ = ("sinks", "sizes")
 
     def __init__(
-        self, sink: Callable[[bytes], object], err_sink: Callable[[bytes], object] | None = None,
-        *, splice: Splice | None = None,
+        self, sink: Callable[[bytes], object], err_sink: Callable[[bytes], object] | None = None
     ) -> None:
         self.sinks = {"stdout": sink, "stderr": err_sink or _discard}
         self.sizes = {"stdout": 0, "stderr": 0}
-        # the reply's raw bytes moved from the socket straight to where ``sink`` writes
-        # (the CLI's stdout), past Python; see take_payload
-        self.splice = splice
-
-    def take_payload(self, event: dict[str, Any], size: int, sock: _socket.socket) -> bool:
-        """A raw chunk's ``size`` bytes, next on ``sock``, moved by :attr:`splice` if they are
-        the reply's next bytes (not a resend's repeat); ``False``: read them as usual."""
-        at = event.get("at")
-        if (self.splice is None or event.get("stream", "stdout") != "stdout"
-                or type(at) is not int or at != self.sizes["stdout"]):
-            return False
-        sizes = self.sizes
-
-        def moved(count: int) -> None:  # counted as they go: a resend skips exactly those
-            sizes["stdout"] += count
-
-        return self.splice(sock.fileno(), size, sock.gettimeout(), moved)
 
     @property
     def size(self) -> int:
@@ -165,8 +139,6 @@ class SyncClient:
         self.resent = False
         self._route_ids = 0  # route requests have ids of their own ("route-N")
         self._cached_route: dict[str, Any] | None = None
-        # a raw payload offered here before it is read (Output.take_payload: the CLI's stdout)
-        self.payload_sink: PayloadSink | None = None
 
     def connect_for_prompt(self, session: str, agent: str | None, *, cwd_given: bool) -> None:
         """Get ready to prompt ``session``: with a usable cached route to its worker (see
@@ -313,10 +285,9 @@ class SyncClient:
         answers nothing, not even a ping, fails the prompt with ``worker_unresponsive`` (see
         :class:`_Liveness`)."""
         session = str(args.get("session") or "default")
-        # output bytes come raw after each chunk's frame, not base64 in it; a client that
-        # splices them on buffers none, so it takes a whole take from the pipe as one chunk
+        # output bytes come raw after each chunk's frame, not base64 in it
         worker_args = {"text": args.get("text"), "stream": args.get("stream", True) is not False,
-                       "raw": RAW_CHUNK_SPLICED if self.payload_sink is not None else True}
+                       "raw": True}
         frame = {"type": "request", "id": rid, "client_id": self.client_id, "op": "prompt",
                  "args": worker_args}
         route_args: dict[str, Any] = {
@@ -356,7 +327,6 @@ class SyncClient:
             )
             try:
                 conn = _attach(route, self.timing)
-                conn.payload_sink = self.payload_sink
                 sent = True
                 if self.trace is not None:
                     self.trace(f"route: direct to worker pid {route.get('worker_pid')} at"

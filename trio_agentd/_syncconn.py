@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from ._paths import Layout
     from .timing import Timing
 
-    PayloadSink = Callable[[dict[str, Any], int, _socket.socket], bool]
-
 
 
 class _Lost(Exception):
@@ -56,9 +54,6 @@ class _Conn:
         self.sock = sock
         self.buf = bytearray()
         self._scanned = 0  # bytes of ``buf`` known to hold no newline
-        # offered each raw payload before it is read: ``(event, size, sock)``, True if it
-        # took the bytes off the socket itself (the event then comes without ``data``)
-        self.payload_sink: PayloadSink | None = None
 
     def read_message(self, timeout: float | None) -> dict[str, Any] | None:
         self._timeout(timeout)
@@ -93,9 +88,6 @@ class _Conn:
             # the event's bytes follow its frame, unencoded
             if not 0 < raw <= MAX_FRAME or not isinstance(frame.get("event"), dict):
                 raise _Malformed(ErrorCode.INTERNAL, "daemon sent a malformed raw event")
-            sink = self.payload_sink
-            if sink is not None and not self.buf and sink(frame["event"], raw, self.sock):
-                return frame
             data = self._receive_payload(raw)
             if data is None:
                 return None

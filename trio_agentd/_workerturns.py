@@ -35,7 +35,6 @@ from ._output import (
     chunk_event,
     inline,
     pieces,
-    raw_request,
     stored_pieces,
 )
 from ._protocol import (
@@ -71,7 +70,6 @@ class Running:
         self.request_id = request_id
         self.stream = True  # the listener wants the chunks as they come
         self.raw = False  # ... with their bytes raw after each frame (not base64)
-        self.raw_chunk = RAW_CHUNK_MAX  # ... at most this many per chunk sent from the file
         # replaced by the turn's own when it starts
         self.outputs = {STDOUT: TurnOutput(None), STDERR: TurnOutput(None, STDERR)}
         # per stream, bytes the current listener has been sent
@@ -184,7 +182,7 @@ class TurnRunner:
         except AgentdError as exc:
             return fail(req.id, exc)
         running.stream = req.args.get("stream", True) is not False
-        running.raw, running.raw_chunk = raw_request(req.args.get("raw"))
+        running.raw = req.args.get("raw") is True
         self._answering += 1
         assert self._nursery is not None
         self._nursery.start_soon(self._execute_answered, k, text, running, accepted, conn, req)
@@ -293,7 +291,7 @@ class TurnRunner:
             running.listener = conn
             running.request_id = req.id
             running.stream = req.args.get("stream", True) is not False
-            running.raw, running.raw_chunk = raw_request(req.args.get("raw"))
+            running.raw = req.args.get("raw") is True
             running.sent_to = dict.fromkeys(STREAMS, 0)
             await self._catch_up(running)
         finally:
@@ -426,11 +424,10 @@ class TurnRunner:
                 return
             end = at + count
             events = []
-            size = running.raw_chunk
-            for offset in range(at, end, size):
+            for offset in range(at, end, RAW_CHUNK_MAX):
                 event = chunk_event(offset, b"", stream)
                 del event["data"]
-                events.append((event, offset, min(size, end - offset)))
+                events.append((event, offset, min(RAW_CHUNK_MAX, end - offset)))
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await listener.ms.send_events_file(running.request_id, events, fd)
             running.sent_to[stream] = end
@@ -541,7 +538,7 @@ class TurnRunner:
             for stream in STREAMS:
                 for at, piece in stored_pieces(result, stream):
                     await self._send_chunk(conn, req.id, at, piece, stream,
-                                           raw=raw_request(req.args.get("raw"))[0])
+                                           raw=req.args.get("raw") is True)
         if completed:
             answer = ok(req.id, result)
         elif result is None:

@@ -11,7 +11,6 @@ import base64
 import contextlib
 import fcntl
 import json
-import os
 import random
 import select
 import socket
@@ -174,48 +173,6 @@ def test_cli_20mb_random_is_byte_exact_and_records_stay_small(denv: DaemonEnv) -
     journal_text = journals[0].read_bytes()
     assert str(output).encode() in journal_text
     assert b'"bytes":20000000' in journal_text
-
-
-def test_a_client_that_splices_gets_a_whole_take_per_chunk_and_every_byte(
-    denv: DaemonEnv, tmp_path: Path
-) -> None:
-    from trio_agentd._cli_io import Answer, Splice
-    from trio_agentd._output import RAW_CHUNK_MAX
-    from trio_agentd._paths import Layout
-    from trio_agentd._syncclient import Output, SyncClient
-
-    denv.prompt("start the daemon")
-    src = denv.root / "random.bin"
-    expected = write_random(src, 20_000_000, seed=5)
-    out_path = tmp_path / "out.bin"
-    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    sizes: list[int] = []
-    answer = Answer()
-    answer.buffer = None
-    answer._splice_checked = True
-    answer._splice = Splice.open(fd)
-
-    def splice(sock: int, size: int, timeout: float | None, moved: Any) -> bool:
-        sizes.append(size)
-        return answer.splice_from(sock, size, timeout, moved)
-
-    output = Output(lambda data: os.write(fd, data), splice=splice)
-    client = SyncClient(Layout.resolve(socket=denv.socket, home=str(denv.home),
-                                       registry=str(denv.registry)), autostart=False)
-    client.payload_sink = output.take_payload
-    try:
-        result = client.request(
-            "prompt", {"session": "splice", "agent": "shell", "text": f"cat '{src}'"},
-            on_event=output.on_event)
-    finally:
-        client.close()
-        if answer._splice is not None:
-            answer._splice.close()
-        os.close(fd)
-    output.finish(result)
-    assert out_path.read_bytes() == expected
-    assert sum(sizes) > len(expected) // 2  # most of it went by splice
-    assert max(sizes) > RAW_CHUNK_MAX  # a take came as one chunk, not cut in 256 KiB pieces
 
 
 def test_cli_every_byte_value_is_exact(denv: DaemonEnv) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import select
 import shlex
 import signal
 import subprocess
@@ -391,18 +390,10 @@ def widen_pipe(fd: int) -> None:
 
 
 async def first_readable(fds: list[int]) -> int:
-    """The first of ``fds`` to turn readable (the first in ``fds`` of those that are).
-
-    One wait and no task: several fds are gathered in an epoll set of their own, and the loop
-    waits for that set to turn readable (an agent streaming output waits here after each take
-    it finds its pipe empty, so a nursery with a task per fd there cost more than the take).
-    Without epoll, a task per fd.
-    """
+    """The first of ``fds`` to turn readable (one wait, no task, for a single fd)."""
     if len(fds) == 1:
         await trio.lowlevel.wait_readable(fds[0])
         return fds[0]
-    if hasattr(select, "epoll"):
-        return await _first_readable_epoll(fds)
     ready: list[int] = []
     async with trio.open_nursery() as nursery:
 
@@ -414,18 +405,6 @@ async def first_readable(fds: list[int]) -> int:
         for fd in fds:
             nursery.start_soon(wait, fd)
     return ready[0]
-
-
-async def _first_readable_epoll(fds: list[int]) -> int:
-    with select.epoll(len(fds)) as ep:
-        for fd in fds:
-            ep.register(fd, select.EPOLLIN)  # HUP and ERR come anyway: readable, as a read sees
-        while True:
-            await trio.lowlevel.wait_readable(ep.fileno())
-            ready = {fd for fd, _events in ep.poll(0)}
-            for fd in fds:
-                if fd in ready:
-                    return fd
 
 
 def _close_gate(write_end: int, feeder: _StdinFeeder | None) -> None:
