@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -60,17 +61,7 @@ def test_a_healthy_supervisor_is_listed_without_a_process_scan(
 def test_ps_finds_a_supervisor_no_file_names_beside_a_healthy_one(
     denv: DaemonEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert denv.prompt("one", session="a") == "[echo turn 1] one"
-    other = denv.socket_at("other.sock")  # not in the default socket dir: only its records name it
-    timing = json.dumps({"self_check_interval": 3600})  # no healing: its files stay lost
-    p = denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
-    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
-    for gone in (denv.registry, denv.home / "daemons"):  # at once: the default one heals
-        os.rename(gone, f"{gone}.gone")
-        shutil.rmtree(f"{gone}.gone")
-    # the default supervisor heals its own files (250 ms self-check); the other one does not
-    wait_for(lambda: _record_sockets(denv) == [denv.socket], timeout=10,
-             what="the default supervisor's record again")
+    other, p = _second_supervisor_without_files(denv)
     cp = denv.run("ps", "--json")
     assert cp.returncode == 0, cp.stderr
     rows = {r["socket"]: r for r in json.loads(cp.stdout)}
@@ -214,17 +205,7 @@ def test_a_supervisor_that_lost_its_files_and_its_lease_file_is_found_by_its_flo
 ) -> None:
     """Its records, descriptors and lease file deleted, a supervisor still holds its lease's
     flock: it is found among the flock holders (``scan=False``: not by the process scan)."""
-    assert denv.prompt("one", session="a") == "[echo turn 1] one"
-    other = denv.socket_at("other.sock")  # not in the default socket dir: only its files name it
-    timing = json.dumps({"self_check_interval": 3600})  # no healing: its files stay lost
-    p = denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
-    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
-    for gone in (denv.registry, denv.home / "daemons"):  # at once: the default one heals
-        os.rename(gone, f"{gone}.gone")
-        shutil.rmtree(f"{gone}.gone")
-    os.unlink(f"{other}.lock")
-    wait_for(lambda: _record_sockets(denv) == [denv.socket], timeout=10,
-             what="the default supervisor's record again")
+    other, p = _second_supervisor_without_files(denv, lease_file=False)
     scans = _count_scans(monkeypatch, denv)
     monkeypatch.setenv("XDG_RUNTIME_DIR", denv.env["XDG_RUNTIME_DIR"])
     found = {f.socket: f for f in _doctor.survey(_layout(denv), scan=False)}
@@ -379,3 +360,25 @@ def test_a_scope_is_read_only_where_its_record_could_not_be(
     found = {f.socket: str(f.verdict.status) for f in _doctor.survey(_layout(denv), scan=False)}
     assert found == {other: "ownership-lost"}
     assert [p for p in read if p.endswith("scope.json")] == [str(rec / "scope.json")]
+
+
+def _second_supervisor_without_files(
+    denv: DaemonEnv, *, lease_file: bool = True
+) -> tuple[str, subprocess.Popen[str]]:
+    """A healthy default supervisor with a session, and a second one on ``other.sock`` (not in
+    the default socket dir: only its files name it) whose records and descriptors are deleted,
+    and its lease file too unless ``lease_file``; the default one has healed its own files
+    (250 ms self-check), the other, with no self-check, has not. Its socket and process."""
+    assert denv.prompt("one", session="a") == "[echo turn 1] one"
+    other = denv.socket_at("other.sock")
+    timing = json.dumps({"self_check_interval": 3600})  # no healing: its files stay lost
+    p = denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
+    wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
+    for gone in (denv.registry, denv.home / "daemons"):  # at once: the default one heals
+        os.rename(gone, f"{gone}.gone")
+        shutil.rmtree(f"{gone}.gone")
+    if not lease_file:
+        os.unlink(f"{other}.lock")
+    wait_for(lambda: _record_sockets(denv) == [denv.socket], timeout=10,
+             what="the default supervisor's record again")
+    return other, p

@@ -59,28 +59,25 @@ def test_anything_else_goes_to_argparse(argv: list[str]) -> None:
     assert _cli_args.look_args(argv, _cli_args.command_index(argv)) is None
 
 
-def test_ps_imports_no_argparse(tmp_path: Path) -> None:
+def _run_alone(tmp_path: Path, argv: list[str]) -> list[str]:
+    """``cli.run(argv)`` in a fresh interpreter with no daemon; what it printed, then its exit
+    status and whether argparse was imported."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIO_AGENTD_", "XDG_"))}
     env.update(HOME=str(tmp_path), TRIO_AGENTD_HOME=str(tmp_path / "h"),
                TRIO_AGENTD_REGISTRY_DIR=str(tmp_path / "r"),
                TRIO_AGENTD_SOCKET=str(tmp_path / "s" / "d.sock"),
                XDG_RUNTIME_DIR=str(tmp_path))
-    code = ("import sys; from trio_agentd import cli; rc = cli.run(['ps', '--json']);"
+    code = (f"import sys; from trio_agentd import cli; rc = cli.run({argv!r});"
             " print(rc, 'argparse' in sys.modules)")
     cp = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                         timeout=60, check=True)
-    assert cp.stdout.splitlines()[-1] == "0 False"
+    return cp.stdout.splitlines()
+
+
+def test_ps_imports_no_argparse(tmp_path: Path) -> None:
+    assert _run_alone(tmp_path, ["ps", "--json"])[-1] == "0 False"
 
 
 def test_shutdown_imports_no_argparse(tmp_path: Path) -> None:
     """``shutdown`` is timed from its start to everything gone: no parser is built first."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIO_AGENTD_", "XDG_"))}
-    env.update(HOME=str(tmp_path), TRIO_AGENTD_HOME=str(tmp_path / "h"),
-               TRIO_AGENTD_REGISTRY_DIR=str(tmp_path / "r"),
-               TRIO_AGENTD_SOCKET=str(tmp_path / "s" / "d.sock"),
-               XDG_RUNTIME_DIR=str(tmp_path))
-    code = ("import sys; from trio_agentd import cli; rc = cli.run(['shutdown', '--json']);"
-            " print(rc, 'argparse' in sys.modules)")
-    cp = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                        timeout=60, check=True)
-    assert cp.stdout.splitlines() == ["[]", "0 False"]
+    assert _run_alone(tmp_path, ["shutdown", "--json"]) == ["[]", "0 False"]
