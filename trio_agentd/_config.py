@@ -68,7 +68,8 @@ _BUILTIN = "— (clients: built-in)"
 _TIMING_MEANING: dict[str, tuple[str, str]] = {
     "refence_interval": ("worker", "how often a worker re-checks that its session is still its"
                          " own (polling)"),
-    "refence_fallback": ("worker", "with inotify: the longest a worker goes without re-checking"),
+    "refence_fallback": ("worker", "with a registry watch: the longest a worker goes without"
+                         " re-checking"),
     "self_check_interval": (_SUP, "how often the supervisor checks its own record and socket"),
     "worker_connect_timeout": (_SUP, "how long a new worker may take to connect back"),
     "adopt_connect_timeout": (_SUP, "how long adopting a running worker may take to connect"),

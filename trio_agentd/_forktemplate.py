@@ -231,7 +231,7 @@ def _preload() -> None:
     import trio  # noqa: F401
     import trio_util  # noqa: F401
 
-    from . import _exhaustion, _fs, _inotify, _trust, _worker, timing  # noqa: F401
+    from . import _dnotify, _exhaustion, _fs, _inotify, _trust, _worker, timing  # noqa: F401
     from .agents import _echo, _exec, _shell  # noqa: F401
 
 

@@ -1,9 +1,11 @@
 """A minimal Linux inotify watcher for trio (ctypes; no dependency).
 
-Workers use it to re-fence when the ownership registry *changes* instead of waking 4 times a
-second to look: 100 idle workers polling cost ~10 % of a core, watching costs nothing until
-something changes — and a lost claim is noticed sooner, not later. A slow fallback poll covers
-what inotify cannot see (a registry on a filesystem that does not report events).
+A worker re-fences when the ownership registry *changes* instead of waking 4 times a second to
+look: 100 idle workers polling cost ~10 % of a core, watching costs nothing until something
+changes — and a lost claim is noticed sooner, not later. A slow fallback poll covers what a watch
+cannot see (a registry on a filesystem that does not report events). Workers watch with
+``_dnotify.DirNotify`` first, which counts against no per-user limit; this is the second choice,
+where dnotify is missing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import select
 import sys
 
 import trio
@@ -43,6 +46,12 @@ class Watcher:
             raise OSError(err, f"inotify_init1: {os.strerror(err)}")
         self.fd: int = fd
         self.wakeups = 0
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+
+    def pending(self) -> bool:
+        """Whether events are queued that :meth:`wait` has not drained yet (one ``poll``)."""
+        return bool(self._poll.poll(0))
 
     def watch(self, path: str | os.PathLike[str]) -> bool:
         """Watch a directory (again: adding an existing watch is a no-op). False if absent."""

@@ -1,5 +1,5 @@
-"""The worker's watch on the ownership registry: re-fence when it changes (inotify, or a
-poll where there is none), and the fence's record reads cached while nothing changed.
+"""The worker's watch on the ownership registry: re-fence when it changes (dnotify, else
+inotify, else a poll), and the fence's record reads cached while nothing changed.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ log = logging.getLogger("trio_agentd.worker")
 
 
 class RegistryWatcher(Protocol):
-    """What the re-fence needs of a registry watcher: ``_inotify.Watcher``, or a fake one
-    (``trio_agentd.testing.FakeWatcher``)."""
+    """What the re-fence needs of a registry watcher: ``_dnotify.DirNotify``,
+    ``_inotify.Watcher``, or a fake one (``trio_agentd.testing.FakeWatcher``)."""
 
     def watch(self, path: Path) -> bool: ...
+
+    def pending(self) -> bool: ...
 
     async def wait(self) -> None: ...
 
@@ -54,25 +56,23 @@ def watched_refence(
 
 
 class CachedRecords:
-    """The fence's owner-record reads, from memory while inotify reports no change.
+    """The fence's record reads, from memory while the registry watch reports no change.
 
     A command's fence check reads its supervisor's record (an open, a stat, a read): most of
     what a worker spends on a prompt beyond the journal's flush. With the registry watched the
-    kernel says whether anything changed, for one ``poll`` with no timeout: while no event is
-    pending and the re-fence loop has not woken since (it drains the events, watches a record
-    dir made again, and wakes on the slow fallback poll anyway), the bytes read last are the
-    bytes on disk. A pending event means a read from disk, uncached, until the loop has dealt
-    with it. Only a few generations are remembered (a supervisor and its successor).
+    kernel says whether anything changed (``pending``: a counter for dnotify, one ``poll`` for
+    inotify): while no change is pending and the re-fence loop has not woken since (it takes
+    the changes, watches a record dir made again, and wakes on the slow fallback poll anyway),
+    the bytes read last are the bytes on disk. A pending change means a read from disk,
+    uncached, until the loop has dealt with it. Only a few generations are remembered (a
+    supervisor and its successor).
     """
 
     _KEEP = 4
 
-    def __init__(self, read: Callable[[str], bytes | None], fd: int) -> None:
-        import select
-
+    def __init__(self, read: Callable[[str], bytes | None], pending: Callable[[], bool]) -> None:
         self._read = read
-        self._poll = select.poll()
-        self._poll.register(fd, select.POLLIN)
+        self._pending = pending
         self._cache: dict[str, bytes | None] = {}
         self.reads = 0  # reads that went to the file
 
@@ -80,7 +80,7 @@ class CachedRecords:
         self._cache.clear()
 
     def __call__(self, generation: str) -> bytes | None:
-        if self._poll.poll(0):
+        if self._pending():
             self._cache.clear()  # something changed: read, and trust nothing until the loop ran
             self.reads += 1
             return self._read(generation)
@@ -95,15 +95,25 @@ class CachedRecords:
 
 
 def registry_watcher(registry: Path, *, poll: bool) -> Any:
-    """An inotify watcher on the registry, or None where there is none (then: polling)."""
+    """A watcher on the registry: dnotify (no per-user limit), else inotify (whose instances
+    are the user's, 128 by default, shared with every program), else None (then: polling).
+    Made in the worker's main thread, inside its trio run."""
     if poll:
         return None
+    watcher: Any
     try:
-        from ._inotify import Watcher
+        from ._dnotify import DirNotify
 
-        watcher = Watcher()
+        watcher = DirNotify()
     except OSError as exc:
-        log.info("no inotify (%s): re-fencing by polling every 250 ms", exc)
-        return None
+        log.info("no dnotify (%s): watching the registry with inotify", exc)
+        try:
+            from ._inotify import Watcher
+
+            watcher = Watcher()
+        except OSError as exc2:
+            log.warning("no inotify either (%s): re-fencing by polling every 250 ms (raise"
+                        " fs.inotify.max_user_instances if that is the cause)", exc2)
+            return None
     watcher.watch(registry)
     return watcher

@@ -65,7 +65,7 @@ async def run_worker(
     def read_record(generation: str) -> bytes | None:
         return read_bytes(registry / f"{generation}.owner" / "owner.json")
 
-    records = CachedRecords(read_record, watcher.fd) if watcher is not None else None
+    records = CachedRecords(read_record, watcher.pending) if watcher is not None else None
     watch_claims, wait_change = (
         watched_refence(watcher, registry, timing, lambda: core.conns,
                         on_wake=records.invalidate if records is not None else lambda: None)
@@ -152,6 +152,8 @@ async def run_worker(
     except OSError:
         pass
     journal.close()
+    if watcher is not None:
+        watcher.close()
 
 
 # what a worker does on each signal it handles (docs/operations.md has the table): these stop it

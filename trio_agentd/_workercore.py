@@ -113,7 +113,7 @@ class WorkerCore(TurnRunner):
         self.timing = timing
         self._peer_pid = peer_pid
         # how the re-fence loop waits: every refence_interval (default), or until the
-        # registry changes (a real worker: inotify, with a slow fallback poll)
+        # registry changes (a real worker: dnotify, with a slow fallback poll)
         self._watch_claims = watch_claims
         self._wait_change = wait_change
         self.pid = os.getpid() if pid is None else pid

@@ -21,8 +21,8 @@ class Timing:
     """The schedule of the supervisor, its workers and its clients, in seconds."""
 
     refence_interval: float = 0.25
-    # a worker that watches the registry (inotify) re-checks on every change, and at least
-    # this often in case a change was not reported
+    # a worker that watches the registry (dnotify or inotify) re-checks on every change, and at
+    # least this often in case a change was not reported
     refence_fallback: float = 5.0
     self_check_interval: float = 0.25
     worker_connect_timeout: float = 30.0

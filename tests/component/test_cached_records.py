@@ -1,15 +1,18 @@
-"""The fence's record reads come from memory while inotify reports no change to the registry,
-and from the file as soon as it does (real inotify, real dir, real clock)."""
+"""The fence's record reads come from memory while the registry watch reports no change, and
+from the file as soon as it does (real dnotify and inotify, real dir, real clock)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 import trio
 
+from trio_agentd._dnotify import DirNotify
 from trio_agentd._fs import read_bytes
 from trio_agentd._inotify import Watcher
 from trio_agentd._refence import CachedRecords, watched_refence
@@ -22,15 +25,19 @@ def _replace(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-async def test_record_reads_are_cached_until_the_registry_changes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("make", [pytest.param(DirNotify, id="dnotify"),
+                                  pytest.param(Watcher, id="inotify")])
+async def test_record_reads_are_cached_until_the_registry_changes(
+    tmp_path: Path, make: Callable[[], DirNotify | Watcher],
+) -> None:
     registry = tmp_path / "reg"
     record = registry / "g1.owner" / "owner.json"
     record.parent.mkdir(parents=True)
     record.write_bytes(b"A")
-    watcher = Watcher()
+    watcher = make()
     try:
         records = CachedRecords(lambda g: read_bytes(registry / f"{g}.owner" / "owner.json"),
-                                watcher.fd)
+                                watcher.pending)
         # the loop re-watches the record dir of every connection's claim
         conn = cast(Any, SimpleNamespace(fence=SimpleNamespace(claim=SimpleNamespace(
             generation="g1"))))

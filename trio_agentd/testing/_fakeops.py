@@ -40,8 +40,9 @@ SUPERVISOR_CLAIM = Claim(generation=SUPERVISOR_GENERATION, pid=SUPERVISOR_PID,
 
 
 class FakeWatcher:
-    """A registry watcher (``_inotify.Watcher``'s shape) woken by the test, not the kernel:
-    :meth:`changed` is an inotify event. ``watched`` holds every path it was asked to watch."""
+    """A registry watcher (``_dnotify.DirNotify``'s shape) woken by the test, not the kernel:
+    :meth:`changed` is a change the kernel reported. ``watched`` holds every path it was asked
+    to watch."""
 
     def __init__(self) -> None:
         self.watched: set[Path] = set()
@@ -52,6 +53,9 @@ class FakeWatcher:
     def watch(self, path: Path) -> bool:
         self.watched.add(Path(path))
         return True
+
+    def pending(self) -> bool:
+        return self._pending
 
     def changed(self) -> None:
         """Something in a watched dir changed (events queue until the next :meth:`wait`)."""
