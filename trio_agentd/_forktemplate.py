@@ -5,11 +5,11 @@ Starting a worker by exec pays a Python start and the import of trio and of the 
 modules (≈ 100 ms of CPU, ≈ 16 MB of private memory each). The template pays it once: it is
 started (``python -E -P -m trio_agentd.worker --template``, the same interpreter and flags as
 a worker) by the supervisor, imports everything a worker imports with the collector off,
-runs a warm-up loop to its end (:func:`_warm_up`), collects once, fills the free blocks of
-its allocator's pools (:func:`_fill_free_blocks`), freezes its heap (``gc.freeze()``, so the
-children's collector never writes to the objects they share) and then only waits on a private
-socketpair (its stdin) for requests. Once it serves it runs no event loop and no thread, so a
-fork of it is safe.
+freezes what they made, runs a warm-up loop to its end (:func:`_warm_up`), collects the
+warm-up's garbage, fills the free blocks of its allocator's pools (:func:`_fill_free_blocks`),
+freezes its heap (``gc.freeze()``, so the children's collector never writes to the objects
+they share) and then only waits on a private socketpair (its stdin) for requests. Once it
+serves it runs no event loop and no thread, so a fork of it is safe.
 
 A request carries three descriptors (``SCM_RIGHTS``: the worker's stdin and stdout pipes and
 its log) and the worker's environment. The template forks twice: the grandchild calls
@@ -386,6 +386,10 @@ def serve_template() -> None:
         os.close(null)
     try:
         _preload()
+        # what the imports made is frozen at once: the one collection below then scans only
+        # the warm-up's objects (0.3 ms here, against 32-35 ms for all 26,000 of the imports'
+        # objects, on the first worker's path), and the children's memory is the same
+        gc.freeze()
         try:
             _warm_up()
         except (OSError, ValueError) as exc:
@@ -399,7 +403,7 @@ def serve_template() -> None:
             sys.exit("trio-agentd worker fork template: an import or the warm-up started"
                      " a thread; not serving (workers are started by exec)")
         # the warm-up's garbage (cycles: tasks, frames) collected, then every free block in
-        # the pools filled (see _fill_free_blocks), then all of it frozen
+        # the pools filled (see _fill_free_blocks), then what is new since frozen too
         gc.collect()
         try:
             _fill_free_blocks()
