@@ -58,6 +58,8 @@ def start_early() -> None:
     without taking it, its socket closes and it exits. Not under socket activation
     (``LISTEN_FDS`` set): there the first worker start starts the template."""
     global _early
+    if _early is not None:
+        return  # started already (an autostarted daemon starts it before its parser)
     if os.environ.get("LISTEN_FDS"):
         # socket activation: fds 3 and up are the service manager's until the daemon has taken
         # its listener; a socketpair opened now could sit on fd 3 in place of one that was not

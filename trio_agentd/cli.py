@@ -51,6 +51,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def run(argv: list[str]) -> int:
     """Run the command ``argv`` (without the program name); its exit status."""
+    if argv[-2:] == ["daemon", "--autostarted"]:
+        # a supervisor a client autostarted, the first prompt waiting on it: its worker fork
+        # template (on that prompt's path) starts now, beside argparse and the imports its
+        # parser costs, not after them
+        from ._forkserver import start_early
+
+        start_early()
     argv = rewrite(argv)
     at = command_index(argv)
     if (look := look_args(argv, at)) is not None:
