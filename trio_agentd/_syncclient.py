@@ -339,11 +339,21 @@ class SyncClient:
                         self.trace("prompt: answered")
                     return result
                 except KeyboardInterrupt:
-                    # Ctrl-C: cancel this command and wait for the worker to confirm (its
-                    # answer: command_cancelled, or its result if it had just finished); a
-                    # second Ctrl-C leaves at once
+                    # Ctrl-C: cancel this command and wait for the worker to confirm; a
+                    # second Ctrl-C leaves at once. The interrupt may have landed inside a
+                    # frame (a chunk's bytes half read, or read and not yet shown), so this
+                    # connection is out of step and is not read again: the cancel goes on a
+                    # new one, answered once the turn has ended, and then the command is
+                    # sent again with its id. The journal answers that: command_cancelled,
+                    # or its result if it had just finished (output already shown is
+                    # skipped by its offset).
+                    conn.close()
+                    conn = None
+                    conn = _attach(route, self.timing)
                     conn.send({"type": "request", "id": f"cancel-{rid}", "client_id":
                                self.client_id, "op": "cancel", "args": {"command_id": rid}})
+                    _await_response(conn, f"cancel-{rid}", None, liveness)
+                    conn.send(frame)
                     return _await_response(conn, rid, on_event, liveness)
             except (OSError, _Lost) as exc:
                 error: Exception = exc

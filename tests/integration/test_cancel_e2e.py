@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from typing import BinaryIO, TextIO, cast
 
 from .harness import DaemonEnv, wait_for
 
@@ -105,3 +106,37 @@ async def test_trio_client_cancel_fails_the_prompt_with_command_cancelled(
             assert seen == ["started\n"]
             assert await client.cancel("t") is False
             assert await client.prompt("t", "echo next") == "next\n"
+
+
+def test_ctrl_c_in_the_middle_of_streaming_output_cancels_cleanly(denv: DaemonEnv) -> None:
+    """Ctrl-C lands while output streams at full speed, most likely inside a chunk's bytes:
+    the answer is the same clean cancel (the interrupted connection is not read again)."""
+    import threading
+
+    for attempt in range(3):
+        session = f"flood{attempt}"
+        p = denv.popen("-p", "-s", session, "--agent", "shell", "--", "cat /dev/zero")
+        assert p.stdout is not None
+        out = cast(TextIO, p.stdout).buffer  # the bytes under the text wrapper
+        first = out.read(1 << 20)  # streaming for real
+        assert first == b"\0" * (1 << 20)
+        seen = [len(first)]
+
+        def drain(out: BinaryIO = out, seen: list[int] = seen) -> None:
+            while chunk := out.read(1 << 16):
+                seen.append(len(chunk))
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)
+        reader.join(timeout=30)
+        err = p.stderr.read() if p.stderr is not None else ""
+        assert p.returncode == 130, err
+        assert "cancelled" in err
+        assert "Traceback" not in err
+        ended = [r for r in _journal(denv, session)
+                 if r.get("kind") in ("interrupted", "completed")]
+        assert [(r["kind"], r.get("cancelled")) for r in ended] == [("interrupted", True)]
+        cp = denv.run("-p", "-s", session, "--", "echo next")
+        assert (cp.returncode, cp.stdout) == (0, "next\n"), cp.stderr
