@@ -591,10 +591,30 @@ class WorkerHandle:
         if self.mode.value is not state.mode:
             self._note(f"mode {state.mode}")
             self.mode.value = state.mode
-        if self._persisted != (descriptor_lifecycle(state.mode, self.stop_reason),
-                               self.stop_reason):
-            self._persist()
+        target = (descriptor_lifecycle(state.mode, self.stop_reason), self.stop_reason)
+        if self._persisted != target:
+            if self._spawn_writes(target):
+                self._persisted = target
+            else:
+                self._persist()
         self._changed.value += 1
+
+    def _spawn_writes(self, target: tuple[Mode, StopReason]) -> bool:
+        """Is the ``starting`` descriptor left to the spawn that follows? Every spawn writes
+        the descriptor itself (``starting``, with the new worker's pid) and waits for it to
+        be durable before the worker's gate opens. A write here, of the same lifecycle with
+        the old worker's pid, would be a second commit on the respawn's path: the spawn's
+        commit waits for it. It changes nothing a successor reads: the descriptor already
+        records a worker that is wanted and (whatever its pid) dead or being replaced, which
+        a successor respawns just the same. When the descriptor says stopped or failed (a
+        start on demand, a retry) or an operator's stop, ``starting`` is written now."""
+        life, reason = self._persisted
+        return (
+            target == (Mode.STARTING, StopReason.NONE)
+            and reason is StopReason.NONE
+            and life not in (Mode.STOPPED, Mode.FAILED)
+            and not self._persist_failed
+        )
 
     def _persist(self) -> None:
         """Write the descriptor (adoption by the next supervisor reads it). A write that fails

@@ -89,17 +89,8 @@ async def run_worker(
     )
     path = config.worker_socket
     prove_socket_dir(os.path.dirname(path))  # never bind where another user can listen
-    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    old_umask = os.umask(0o177)
-    try:
-        await sock.bind(path)
-    finally:
-        os.umask(old_umask)
-    sock.listen(128)
+    listener = listen_unix(path)
     bound_ino = os.stat(path).st_ino
-    listener = trio.SocketListener(sock)
     on_ready()
     stopped_by: list[str] = []
     with _stop_signals_received() as signals:
@@ -154,6 +145,29 @@ async def run_worker(
     journal.close()
     if watcher is not None:
         watcher.close()
+
+
+def listen_unix(path: str) -> trio.SocketListener:
+    """Bind ``path`` (mode 0600, whatever was there unlinked) and listen, on the event loop
+    itself, as the supervisor binds its own socket. Trio's ``bind`` of a path runs in a
+    thread (a path lookup may block); here the path is in the daemon's private socket dir,
+    and nothing else runs in the worker yet, so nothing can wait behind it, while a worker's
+    first thread is a good part of the time from its gate to ``ready`` (so also of a
+    respawn after a ``kill -9``)."""
+    raw = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        old_umask = os.umask(0o177)
+        try:
+            raw.bind(path)
+        finally:
+            os.umask(old_umask)
+        raw.listen(128)
+    except BaseException:
+        raw.close()
+        raise
+    return trio.SocketListener(trio.socket.from_stdlib_socket(raw))
 
 
 # what a worker does on each signal it handles (docs/operations.md has the table): these stop it

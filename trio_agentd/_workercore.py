@@ -240,12 +240,14 @@ class WorkerCore(TurnRunner):
         if self.transcript is not None:
             # the transcript is a view of the journal, written without its own fsync: bring it
             # up to date with every completed turn the journal made durable
+            brought = False
             for k, result in state.completed.items():
                 if not isinstance(result, dict) or self.transcript.has(k, result.get("turn")):
                     continue
                 if not isinstance(result.get("turn"), int):
                     continue
                 text = state.accepted.get(k, {}).get("args", {}).get("text", "")
+                brought = True
                 try:
                     self.transcript.append(
                         {"kind": "turn", "turn": result["turn"], "prompt": text,
@@ -254,10 +256,15 @@ class WorkerCore(TurnRunner):
                     )
                 except OSError as exc:  # kept: written before its next line
                     log.error("transcript %s: %s", self.transcript.path, exc)
-            try:
-                self.transcript.sync()
-            except OSError as exc:
-                log.error("transcript %s: %s", self.transcript.path, exc)
+            # ... and durable, if that took a line: an fsync on every start (the worker
+            # accepts no connection before this ends) would make only the ``worker_started``
+            # line durable, which no other event line is either; a respawn after a kill -9
+            # waited for it
+            if brought:
+                try:
+                    self.transcript.sync()
+                except OSError as exc:
+                    log.error("transcript %s: %s", self.transcript.path, exc)
         for k, rec in state.pending():
             try:
                 self._recover_one(k, rec)

@@ -4,6 +4,8 @@ waits for one flush, never for a commit of the token that began while the fork r
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +17,11 @@ import trio.testing
 from trio_agentd._handle import WorkerHandle
 from trio_agentd._paths import Layout
 from trio_agentd._procops import ProcessWorkerOps
+from trio_agentd._recovery import StopReason
 from trio_agentd._registry import Ownership, Registry
 from trio_agentd.timing import DEFAULT_TIMING
+
+from .conftest import World, supervisor_world
 
 
 class _ForkedOps(ProcessWorkerOps):
@@ -83,3 +88,58 @@ async def test_a_start_waits_for_one_commit_of_all_its_files(
                      layout.session_dir("s1") / "session.json"):
             assert path.is_file(), path
         nursery.cancel_scope.cancel()
+
+
+
+def _written_descriptors(w: World, session: str = "s1") -> list[tuple[str, int]]:
+    """(lifecycle, pid) of each descriptor of ``session`` the supervisor writes (stages for
+    its next commit) from now on, in order."""
+    written: list[tuple[str, int]] = []
+    writer = w.sup.ops.writer
+    real_stage = writer.stage
+    target = str(w.sup.layout.descriptor_path(session))
+
+    def stage(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600) -> int:
+        if os.fspath(path) == target:
+            desc = json.loads(data)
+            written.append((desc["lifecycle"], desc["pid"]))
+        return real_stage(path, data, mode=mode)
+
+    writer.stage = stage  # type: ignore[method-assign]
+    return written
+
+
+async def test_a_crash_respawn_commits_one_starting_descriptor_the_new_workers(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, run_dir: Path
+) -> None:
+    # the descriptor already says the session's worker is wanted: the respawn's own write
+    # (starting, the new pid) is the only one before the new worker's gate, so the gate
+    # waits for one commit, never first for a commit of one that names the dead worker
+    async with supervisor_world(tmp_path, run_dir) as w:
+        assert (await w.prompt("one")).ok
+        first = w.machine.processes[0]
+        assert w.descriptor()["lifecycle"] == "ready"
+        written = _written_descriptors(w)
+        first.die()
+        assert (await w.prompt("two")).ok
+        second = w.machine.processes[1]
+        assert written == [("starting", second.pid), ("ready", second.pid)]
+        assert w.sup.table.known("s1").restarts == 1
+        assert w.descriptor()["restarts"] == 1
+
+
+async def test_a_start_after_an_eviction_writes_starting_at_once(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, run_dir: Path
+) -> None:
+    # a descriptor that says stopped is not left so while a worker starts: ``starting`` is
+    # written as the start begins (with the pid it recorded), as before
+    async with supervisor_world(tmp_path, run_dir) as w:
+        assert (await w.prompt("one")).ok
+        h = w.sup.table.known("s1")
+        await h.request_stop(reason=StopReason.EVICT).wait()
+        await w.sup.ops.durable()
+        assert w.descriptor()["lifecycle"] == "stopped"
+        written = _written_descriptors(w)
+        assert (await w.prompt("two")).ok
+        old, new = w.machine.processes[0].pid, w.machine.processes[1].pid
+        assert written == [("starting", old), ("starting", new), ("ready", new)]

@@ -291,3 +291,31 @@ def test_a_commits_directory_fsyncs_wait_side_by_side_and_fail_alone(
     failed = _groupwrite.commit(batch)
     assert set(failed) == {str(dirs[1] / "f")}
     assert [(d / "f").read_bytes() for d in dirs] == [b"%d" % i for i in range(len(dirs))]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_commits_own_thread_takes_its_share_of_the_fsyncs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """A respawn's commit holds two files: one fsync runs in the commit's own thread, so it
+    starts one helper thread, not two (none for a single file), the fsyncs still side by side
+    (each here waits until all n are in flight)."""
+    import threading
+
+    together = threading.Barrier(n, timeout=5)
+    real = _groupwrite._fsync_file
+    threads: list[int] = []
+
+    def fsync_file(path: str) -> None:
+        together.wait()  # broken (an error) unless all n fsyncs wait at once
+        threads.append(threading.get_ident())
+        real(path)
+
+    monkeypatch.setattr(_groupwrite, "_fsync_file", fsync_file)
+    batch = []
+    for i in range(n):
+        tmp = tmp_path / f".f{i}.tmp"
+        tmp.write_bytes(b"%d" % i)
+        batch.append((str(tmp_path / f"f{i}"), str(tmp)))
+    assert _groupwrite.commit(batch) == {}
+    assert threading.get_ident() in threads
+    assert len(set(threads)) == n
