@@ -60,7 +60,7 @@ def _scoped_sockets(registry: str | os.PathLike[str], read: set[str]) -> list[st
     """The sockets the ``scope.json`` of the record dirs name, but of those dirs in ``read``:
     their ``owner.json`` was read, and a scope is the immutable part of its record (its
     socket is the record's), so it is read only where the record could not be."""
-    out = []
+    out: list[str] = []
     registry = os.fspath(registry)
     try:
         names = record_names(registry)

@@ -63,6 +63,18 @@ class Frozen(Plain):
         return hash(tuple([getattr(self, n) for n in self.__slots__]))
 
 
+def enc_hook(obj: object) -> object:
+    """The ``enc_hook`` of msgspec encoders: a :class:`StrEnum` member (a ``str`` subclass
+    that is no ``enum.Enum``, which msgspec would refuse) is encoded as its value.
+
+    Raises:
+        TypeError: anything else, as msgspec says it without a hook.
+    """
+    if isinstance(obj, str):
+        return str(obj)
+    raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
+
+
 def replace(obj: _T, **changes: Any) -> _T:
     """A copy of ``obj`` with some fields changed (as ``dataclasses.replace``).
 
@@ -79,9 +91,15 @@ def replace(obj: _T, **changes: Any) -> _T:
 
 if not TYPE_CHECKING:
 
+    def _is_sunder_or_dunder(key):
+        n = len(key)
+        return (n > 2 and key[0] == key[-1] == "_" and key[1] != "_" and key[-2] != "_") or (
+            n > 4 and key[:2] == key[-2:] == "__" and key[2] != "_" and key[-3] != "_")
+
     class _EnumType(type):
-        """The metaclass of :class:`Enum` and :class:`StrEnum`: a class's public names that
-        are not functions or descriptors become its members, made by ``cls._member``."""
+        """The metaclass of :class:`Enum` and :class:`StrEnum`: as in ``enum``, a class's
+        names that are not ``__dunder__``, ``_sunder_``, private (``_Name__x``) or descriptors
+        (functions, properties) become its members, made by ``cls._member``."""
 
         def __new__(mcs, name, bases, ns):
             for base in bases:
@@ -90,8 +108,10 @@ if not TYPE_CHECKING:
             cls = super().__new__(mcs, name, bases, ns)
             members = {}
             if any(isinstance(b, _EnumType) for b in bases):
+                private = f"_{name.lstrip('_')}__"
                 for key, value in ns.items():
-                    if key[:1] != "_" and not hasattr(value, "__get__"):
+                    if not (_is_sunder_or_dunder(key) or key.startswith(private)
+                            or hasattr(value, "__get__")):
                         member = cls._member(key, value)
                         type.__setattr__(cls, key, member)
                         members[key] = member
