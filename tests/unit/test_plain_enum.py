@@ -107,6 +107,6 @@ def test_the_package_str_enums_are_their_values(cls: Any) -> None:
 
 def test_liveness_members_are_only_themselves() -> None:
     assert [m.value for m in Liveness] == ["alive", "dead", "unknown"]
-    assert Liveness.DEAD != "dead"
+    assert Liveness.DEAD != "dead"  # type: ignore[comparison-overlap]
     assert str(Liveness.DEAD) == "Liveness.DEAD"
     assert Liveness("dead") is Liveness.DEAD
