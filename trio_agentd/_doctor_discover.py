@@ -5,7 +5,6 @@ lines of this user's running supervisors. Local reads only, no connection.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat as _stat
 
@@ -61,16 +60,23 @@ def _scoped_sockets(registry: str | os.PathLike[str], read: set[str]) -> list[st
     """The sockets the ``scope.json`` of the record dirs name, but of those dirs in ``read``:
     their ``owner.json`` was read, and a scope is the immutable part of its record (its
     socket is the record's), so it is read only where the record could not be."""
-    out = []
+    out: list[str] = []
     registry = os.fspath(registry)
-    with contextlib.suppress(OSError):
-        for name in record_names(registry):
-            if name in read:
-                continue
-            with contextlib.suppress(CorruptRecord, _fs.UntrustedFile):
-                raw = _read_trusted(os.path.join(registry, name, SCOPE_FILE))
-                if raw is not None:
-                    out.append(Scope.from_json(raw).socket)
+    try:
+        names = record_names(registry)
+    except OSError:
+        return out
+    for name in names:
+        if name in read:
+            continue
+        try:
+            raw = _read_trusted(os.path.join(registry, name, SCOPE_FILE))
+            if raw is not None:
+                out.append(Scope.from_json(raw).socket)
+        except (CorruptRecord, _fs.UntrustedFile):
+            continue
+        except OSError:
+            break  # an unreadable registry: what was read is what there is
     return out
 
 
@@ -78,24 +84,32 @@ def read_descriptors(home: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every worker descriptor (``<home>/daemons/*/workers/*.json``, no hidden names)."""
     out = []
     for path in _descriptor_paths(os.path.join(os.fspath(home), "daemons")):
-        with contextlib.suppress(OSError, ValueError):
+        try:
             raw = _read_trusted(path)
             obj = json.loads(raw) if raw else None  # gone meanwhile: no json import to say so
-            if isinstance(obj, dict):
-                out.append(obj)
+        except (OSError, ValueError):
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
     return out
 
 
 def _descriptor_paths(daemons: str) -> list[str]:
-    out = []
-    with contextlib.suppress(OSError):
-        for key in os.listdir(daemons):
-            if key.startswith("."):
-                continue
-            workers = os.path.join(daemons, key, "workers")
-            with contextlib.suppress(OSError):
-                out += [os.path.join(workers, name) for name in os.listdir(workers)
-                        if name.endswith(".json") and not name.startswith(".")]
+    out: list[str] = []
+    try:
+        keys = os.listdir(daemons)
+    except OSError:
+        return out
+    for key in keys:
+        if key.startswith("."):
+            continue
+        workers = os.path.join(daemons, key, "workers")
+        try:
+            names = os.listdir(workers)
+        except OSError:
+            continue
+        out += [os.path.join(workers, name) for name in names
+                if name.endswith(".json") and not name.startswith(".")]
     return out
 
 
@@ -140,12 +154,15 @@ def scanned_sockets(home: str | os.PathLike[str]) -> list[str]:
     out: list[str] = []
     uid = os.getuid()
     want = os.path.normpath(os.fspath(home))
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                sock = pid_supervisor_socket(name, uid, want)
-                if sock is not None:
-                    out.append(sock)
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit():
+            sock = pid_supervisor_socket(name, uid, want)
+            if sock is not None:
+                out.append(sock)
     return out
 
 
@@ -295,8 +312,10 @@ def discover(
                                    {owner_dir_name(r.generation) for r in records}))
     sockets.update(str(d["socket"]) for d in descriptors if d.get("socket"))
     sock_dir = default_socket_dir()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(sock_dir):
-            if name.endswith(".sock") and not name.startswith("w-"):
-                sockets.add(os.path.join(sock_dir, name))
+    try:
+        names = os.listdir(sock_dir)
+    except OSError:
+        names = []
+    sockets.update(os.path.join(sock_dir, name) for name in names
+                   if name.endswith(".sock") and not name.startswith("w-"))
     return sorted(normalize_socket_path(s) for s in sockets)

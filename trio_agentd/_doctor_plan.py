@@ -20,13 +20,11 @@ unlinked socket or a second supervisor.
 
 from __future__ import annotations
 
-import enum
-
 from ._ownership import Cause
-from ._plain import Frozen
+from ._plain import Frozen, StrEnum  # StrEnum: enum's to type checkers (ps path)
 
 
-class Status(enum.StrEnum):
+class Status(StrEnum):
     CURRENT = "current"
     STARTING = "starting"
     STOPPING = "stopping"
@@ -283,7 +281,7 @@ def remedy(socket: str, verdict: Verdict) -> str | None:
 # --- the repair plan --------------------------------------------------------------------------
 
 
-class Step(enum.StrEnum):
+class Step(StrEnum):
     PROVE_HOME = "prove-home"  # generations/<g>/ exists under this home
     TAKE_ADMISSION = "take-admission"
     REPROBE_SAME = "reprobe-same"  # the same generation is still wedged (never kill a successor)

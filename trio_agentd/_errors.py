@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
+from ._plain import StrEnum  # enum.StrEnum to type checkers; no enum import (ps path)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:

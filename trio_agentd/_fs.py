@@ -7,7 +7,6 @@ unlinked it); if not we retry on the new file.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
@@ -17,6 +16,7 @@ from . import _jsonfast as json  # the stdlib json's loads/dumps, without import
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
+    from contextlib import AbstractAsyncContextManager, AbstractContextManager
     from pathlib import Path
     from typing import Any
 
@@ -53,8 +53,10 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib is not imported on the ps path
             os.unlink(tmp)
+        except OSError:
+            pass
         raise
     fsync_dir(directory)
 
@@ -144,8 +146,10 @@ def try_lock(path: str | os.PathLike[str], *, shared: bool = False) -> int | Non
 
 
 def unlock(fd: int) -> None:
-    with contextlib.suppress(OSError):
+    try:  # noqa: SIM105 - contextlib is not imported on the ps path
         fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
     os.close(fd)
 
 
@@ -160,13 +164,20 @@ def is_locked(path: str | os.PathLike[str]) -> bool:
     return False
 
 
-@contextlib.asynccontextmanager
-async def locked(path: str | os.PathLike[str], *, poll: float = 0.005) -> AsyncIterator[int]:
+def locked(
+    path: str | os.PathLike[str], *, poll: float = 0.005
+) -> AbstractAsyncContextManager[int]:
     """Hold the exclusive flock on ``path``, polling without blocking the event loop.
 
     Cancellation: a cancelled waiter never holds the lock (nothing takes it later on its behalf,
     unlike a blocking flock in an abandoned thread).
     """
+    import contextlib  # here: ps imports this module on every call, and never locks
+
+    return contextlib.asynccontextmanager(_locked)(path, poll)
+
+
+async def _locked(path: str | os.PathLike[str], poll: float) -> AsyncIterator[int]:
     import trio
 
     from .timing import LOCK_POLL_MAX
@@ -184,9 +195,14 @@ async def locked(path: str | os.PathLike[str], *, poll: float = 0.005) -> AsyncI
         unlock(fd)
 
 
-@contextlib.contextmanager
-def locked_sync(path: str | os.PathLike[str]) -> Iterator[int]:
+def locked_sync(path: str | os.PathLike[str]) -> AbstractContextManager[int]:
     """Blocking variant for synchronous tools; the kernel releases it if we die."""
+    import contextlib  # here: ps imports this module on every call, and never locks
+
+    return contextlib.contextmanager(_locked_sync)(path)
+
+
+def _locked_sync(path: str | os.PathLike[str]) -> Iterator[int]:
     p = os.fspath(path)
     while True:
         fd = _open_lock_file(p)

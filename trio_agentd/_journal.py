@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from ._plain import enc_hook
 from ._procstate import GroupIdentity
 
 Key = tuple[str, str]  # (client_id, command id as text)
@@ -178,7 +179,7 @@ class Line(bytes):
     rec: dict[str, Any]
 
 
-_encode = msgspec.json.Encoder().encode
+_encode = msgspec.json.Encoder(enc_hook=enc_hook).encode  # plain StrEnums as their values
 _decode = msgspec.json.Decoder().decode
 
 

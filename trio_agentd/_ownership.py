@@ -17,10 +17,8 @@ liveness cannot be known — is a conflict; records of dead processes are moved 
 
 from __future__ import annotations
 
-import enum
-
 from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
-from ._plain import Frozen, replace
+from ._plain import Frozen, StrEnum, replace  # StrEnum: enum's to type checkers (ps path)
 from ._procstate import Liveness
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (ps path)
@@ -30,13 +28,13 @@ if TYPE_CHECKING:
 RECORD_VERSION = 1
 
 
-class Phase(enum.StrEnum):
+class Phase(StrEnum):
     STARTING = "starting"
     OWNER = "owner"
     STOPPING = "stopping"
 
 
-class Cause(enum.StrEnum):
+class Cause(StrEnum):
     """Why a supervisor no longer owns its record."""
 
     RELEASED = "released"
@@ -299,7 +297,7 @@ def plan_acquire(
     return AcquirePlan(conflict=conflict, move_aside=tuple(aside))
 
 
-class RestoreVerdict(enum.StrEnum):
+class RestoreVerdict(StrEnum):
     RESTORE = "restore"
     ALREADY_PRESENT = "already-present"  # someone (another flight) restored it: validate again
     REFUSE_RELEASED = "released"

@@ -8,12 +8,10 @@ interface import only this, never the OS layer.
 
 from __future__ import annotations
 
-import enum
-
-from ._plain import Frozen
+from ._plain import Enum, Frozen  # Enum: enum.Enum to type checkers, without importing it
 
 
-class Liveness(enum.Enum):
+class Liveness(Enum):
     ALIVE = "alive"
     DEAD = "dead"
     UNKNOWN = "unknown"  # exists but identity unreadable: counts as alive, never signalled

@@ -14,6 +14,7 @@ import msgspec
 from ._depth import MAX_DEPTH as MAX_DEPTH
 from ._depth import nesting_depth
 from ._errors import AgentdError, ErrorCode
+from ._plain import enc_hook
 from ._text import CONTROL_CLASS
 from ._version import APP_VERSION as APP_VERSION
 from ._version import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -156,7 +157,7 @@ Message = (
     Hello | Request | Response | Event | WorkerHello | Auth | AuthOk | Dropped | Attach | Notice
 )
 
-_encoder = msgspec.json.Encoder()
+_encoder = msgspec.json.Encoder(enc_hook=enc_hook)  # error codes are plain StrEnums
 _decoder: msgspec.json.Decoder[Message] = msgspec.json.Decoder(Message)
 
 
@@ -182,7 +183,7 @@ def encode(msg: Message) -> bytes:
             return [fix(v, free) for v in obj]
         return shown(obj) if isinstance(obj, str) else obj
 
-    return _encoder.encode(fix(msgspec.to_builtins(msg), False)) + b"\n"
+    return _encoder.encode(fix(msgspec.to_builtins(msg, enc_hook=enc_hook), False)) + b"\n"
 
 
 _FREE_FIELDS = frozenset({"args", "result", "event", "details"})
@@ -273,7 +274,7 @@ def error_of(response: Response) -> AgentdError:
 
 
 def to_builtins(obj: Any) -> Any:
-    return msgspec.to_builtins(obj)
+    return msgspec.to_builtins(obj, enc_hook=enc_hook)
 
 
 class FrameTooLarge(AgentdError):

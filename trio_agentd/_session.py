@@ -16,12 +16,13 @@ import msgspec
 
 from . import _fs
 from ._errors import AgentdError, ErrorCode
+from ._plain import enc_hook
 from ._rotate import Limits
 from ._sessionid import SESSION_ID_RULE, is_session_id
 
 log = logging.getLogger("trio_agentd.session")
 
-_encode = msgspec.json.Encoder().encode
+_encode = msgspec.json.Encoder(enc_hook=enc_hook).encode  # plain StrEnums as their values
 
 
 def _line(rec: dict[str, Any]) -> bytes:

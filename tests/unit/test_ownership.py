@@ -90,7 +90,7 @@ owner_records = st.builds(
     state_dir=texts,
     app_version=texts,
     protocol=st.integers(min_value=-(2**40), max_value=2**40),
-    phase=st.sampled_from(Phase),
+    phase=st.sampled_from(list(Phase)),
     created_at=texts,
     updated_at=texts,
 )
