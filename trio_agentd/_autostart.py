@@ -28,21 +28,22 @@ hands over at once: running turns go on in their workers).
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ._defaults import CLIENT, HANDOVER_EXIT_GRACE, HANDOVER_POLL, ClientTiming
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
 from ._version import APP_VERSION, PROTOCOL_VERSION
 
+# typing.TYPE_CHECKING without importing typing or pathlib: a cold prompt (no supervisor yet)
+# imports this module on its way to starting one
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
     from typing import Any
 
     from ._sdnotify import Notifier
@@ -545,6 +546,8 @@ def _release(layout: Layout, conn: _Conn, hello: dict[str, Any]) -> None:
 def main() -> None:
     """``python -m trio_agentd._autostart --socket S --home H --registry R [--handover]``
     (for open_client: a supervisor is started, or handed over to, from a helper process)."""
+    import argparse  # (here: a client's autostart imports this module, not its parser)
+
     from ._errors import AgentdError
 
     p = argparse.ArgumentParser(prog="trio-agentd-autostart")

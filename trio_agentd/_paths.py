@@ -9,6 +9,7 @@ cheaply.
 from __future__ import annotations
 
 import os
+import sys
 
 from ._errors import AgentdError, ErrorCode
 
@@ -55,22 +56,20 @@ def _sha256_hex(data: bytes) -> str:
 FIX_HOME = "set --home or TRIO_AGENTD_HOME to a directory you can write, or fix HOME"
 
 
-def _state_root() -> Path:
+def _state_root() -> str:
     """The per-user state dir (``$XDG_STATE_HOME`` or ``~/.local/state``, then ``trio-agentd``).
 
     Raises:
         AgentdError: ``config`` when there is no home to put it in (``HOME`` unset and no
             passwd entry for this uid: ``~`` stays unexpanded).
     """
-    import platformdirs
-
     home = os.environ.get("HOME")
     why: str | None = None
     if home is not None and not os.path.isabs(home):  # "" would make it /.local/state
         why = f"HOME={home!r} is not an absolute path"
     try:
-        root = platformdirs.user_state_path(APP_NAME)
-        unexpanded = not root.is_absolute()  # no HOME and no passwd entry: "~" stays
+        root = _user_state_dir()
+        unexpanded = not os.path.isabs(root)  # no HOME and no passwd entry: "~" stays
     except RuntimeError:  # newer platformdirs: "could not determine the home directory"
         unexpanded = True
     if why is None and unexpanded:
@@ -88,22 +87,52 @@ def _state_root() -> Path:
     return root
 
 
+def _user_state_dir() -> str:
+    """``$XDG_STATE_HOME/trio-agentd``, else ``~/.local/state/trio-agentd``: the XDG base
+    directory rule (a relative ``XDG_STATE_HOME`` is ignored), as ``platformdirs`` applies it
+    on Linux and the BSDs. Written out here
+    because importing ``platformdirs`` (``tempfile``, ``random``, ``shutil`` with it) cost
+    ``ps`` and a cold ``-p`` more than the rest of finding the home; other systems (macOS,
+    Windows: their own conventions) still ask ``platformdirs``.
+
+    Raises:
+        RuntimeError: (``platformdirs``, newer versions) no home directory to expand.
+    """
+    if sys.platform.startswith(("linux", "freebsd", "openbsd", "netbsd")):
+        xdg = os.environ.get("XDG_STATE_HOME", "")
+        base = xdg if os.path.isabs(xdg) else os.path.expanduser("~/.local/state")
+        return os.path.join(base, APP_NAME)
+    import platformdirs
+
+    return platformdirs.user_state_dir(APP_NAME)
+
+
 def default_home() -> Path:
     from pathlib import Path
 
+    return Path(_default_home())
+
+
+def _default_home() -> str:
+    """:func:`default_home` as a string (no ``pathlib`` for ``ps``)."""
     env = os.environ.get("TRIO_AGENTD_HOME")
     if env:
-        return Path(os.path.abspath(env))
+        return os.path.abspath(env)
     return _state_root()
 
 
 def default_registry_dir() -> Path:
     from pathlib import Path
 
+    return Path(_default_registry_dir())
+
+
+def _default_registry_dir() -> str:
+    """:func:`default_registry_dir` as a string (no ``pathlib`` for ``ps``)."""
     env = os.environ.get("TRIO_AGENTD_REGISTRY_DIR")
     if env:
-        return Path(os.path.abspath(env))
-    return _state_root() / "supervisor-owners"
+        return os.path.abspath(env)
+    return os.path.join(_state_root(), "supervisor-owners")
 
 
 def default_socket_dir() -> str:
@@ -217,21 +246,21 @@ class Layout:
         from pathlib import Path
 
         if self._home is None:
-            object.__setattr__(self, "_home", str(default_home()))
+            object.__setattr__(self, "_home", _default_home())
         return Path(str(self._home))
 
     @property
     def home_dir(self) -> str:
         """:attr:`home` as a string, without importing ``pathlib`` when the home is set."""
         if self._home is None:
-            object.__setattr__(self, "_home", str(default_home()))
+            object.__setattr__(self, "_home", _default_home())
         return str(self._home)
 
     @property
     def registry_dir(self) -> str:
         """:attr:`registry` as a string, without importing ``pathlib`` when it is set."""
         if self._registry is None:
-            object.__setattr__(self, "_registry", str(default_registry_dir()))
+            object.__setattr__(self, "_registry", _default_registry_dir())
         return str(self._registry)
 
     @property
@@ -239,7 +268,7 @@ class Layout:
         from pathlib import Path
 
         if self._registry is None:
-            object.__setattr__(self, "_registry", str(default_registry_dir()))
+            object.__setattr__(self, "_registry", _default_registry_dir())
         return Path(str(self._registry))
 
     def __setattr__(self, name: str, value: object) -> None:

@@ -197,6 +197,23 @@ def test_default_home_and_registry_are_per_user_state(
     assert default_registry_dir() == tmp_path / "xdg-state" / "trio-agentd" / "supervisor-owners"
 
 
+@pytest.mark.parametrize("xdg", [None, "", "relative/state", "/abs/state"])
+@pytest.mark.parametrize("home", ["/home/someone", "/home/other/"])
+def test_the_state_dir_is_where_platformdirs_puts_it(
+    clean_env: pytest.MonkeyPatch, xdg: str | None, home: str
+) -> None:
+    """Written out (the import of platformdirs cost ps more than finding the home), the XDG
+    rule gives what platformdirs gives: a relative XDG_STATE_HOME is ignored."""
+    import platformdirs
+
+    clean_env.setenv("HOME", home)
+    if xdg is not None:
+        clean_env.setenv("XDG_STATE_HOME", xdg)
+    expected = Path(platformdirs.user_state_dir("trio-agentd"))
+    assert default_home() == expected
+    assert default_registry_dir() == expected / "supervisor-owners"
+
+
 def test_registry_does_not_follow_home(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
     clean_env.setenv("TRIO_AGENTD_HOME", "/custom/home")

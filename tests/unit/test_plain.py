@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,24 @@ def test_ps_imports_no_dataclasses_pathlib_socket_signal_json_enum_or_repairs() 
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
                          check=True, env=env)
     assert out.stdout.strip() == "[]"
+
+
+def test_ps_runs_without_pathlib_platformdirs_or_tempfile(tmp_path: Path) -> None:
+    """A whole ``ps --json`` (not just its imports) in a private home with no supervisor: the
+    default home and registry are found without ``pathlib`` or ``platformdirs`` (which
+    brings ``tempfile``, ``random`` and ``shutil``)."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    code = ("import sys; sys.argv = ['trio-agentd', 'ps', '--json'];"
+            " from trio_agentd.cli import run; code = run(sys.argv[1:]);"
+            " print(sorted(m for m in ('pathlib', 'platformdirs', 'tempfile')"
+            " if m in sys.modules), file=sys.stderr); sys.exit(code)")
+    env = {"PYTHONPATH": str(Path(trio_agentd.__file__).parents[1]), "HOME": str(tmp_path),
+           "XDG_RUNTIME_DIR": str(run), "PATH": os.environ.get("PATH", "")}
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.stderr.strip().splitlines()[-1] == "[]", out.stderr
+    assert out.returncode == 0, out.stderr
 
 
 _TIMES = st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31))
