@@ -44,7 +44,7 @@ def _fsync_file(path: str) -> None:
         os.close(fd)
 
 
-def _side_by_side(fn: Callable[[str], None], items: list[str]) -> dict[str, BaseException]:
+def _side_by_side(fn: Callable[[str], None], items: list[str]) -> dict[str, Exception]:
     """``fn(item)`` for each item, up to ``SYNC_THREADS`` of them in flight at once; what
     raised, by item (every call has ended by the time this returns).
 
@@ -57,7 +57,7 @@ def _side_by_side(fn: Callable[[str], None], items: list[str]) -> dict[str, Base
 
     todo = iter(items)
     lock = threading.Lock()
-    failed: dict[str, BaseException] = {}
+    failed: dict[str, Exception] = {}
 
     def work() -> None:
         while True:
@@ -67,7 +67,7 @@ def _side_by_side(fn: Callable[[str], None], items: list[str]) -> dict[str, Base
                 return
             try:
                 fn(item)
-            except BaseException as exc:  # reported to the caller, by item
+            except Exception as exc:  # reported to the caller, by item
                 failed[item] = exc
 
     helpers = [threading.Thread(target=work, name="trio-agentd fsync", daemon=True)

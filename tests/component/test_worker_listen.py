@@ -19,6 +19,7 @@ async def test_the_worker_binds_its_socket_without_a_thread(
 ) -> None:
     # a worker's first thread is a good part of its start: the bind takes none
     async def no_thread(*args: Any, **kwargs: Any) -> Any:
+        await trio.lowlevel.checkpoint()
         raise AssertionError("the worker's bind ran in a thread")
 
     monkeypatch.setattr(trio.to_thread, "run_sync", no_thread)
