@@ -27,6 +27,7 @@ ENV_TIMING = "TRIO_AGENTD_TIMING"
 ENV_SELF_HEAL = "TRIO_AGENTD_SELF_HEAL"
 ENV_LOG_MAX_BYTES = "TRIO_AGENTD_LOG_MAX_BYTES"
 ENV_LOG_BACKUPS = "TRIO_AGENTD_LOG_BACKUPS"
+ENV_OUTPUT_MAX_BYTES = "TRIO_AGENTD_OUTPUT_MAX_BYTES"
 DEFAULT_AGENT = "echo"
 
 
@@ -138,6 +139,9 @@ KEYS: tuple[Key, ...] = (
         "rotate daemon.log, worker.log and transcript.jsonl past this size (0: never)"),
     Key("logs.backups", ENV_LOG_BACKUPS, _defaults.LOG_BACKUPS, "supervisor, worker",
         "rotated files kept of each log"),
+    Key("logs.output_max_bytes", ENV_OUTPUT_MAX_BYTES, _defaults.OUTPUT_MAX_BYTES, "worker",
+        "a session's kept turn output files in all; past it the oldest turns' go (the newest"
+        " turn's stay; 0: keep all)"),
     *_timing_keys(),
 )
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
@@ -188,6 +192,7 @@ _CHECKS: dict[str, Callable[[object, str], object]] = {
     "limits.max_sessions": _whole(1),
     "logs.max_bytes": _whole(0),
     "logs.backups": _whole(1),
+    "logs.output_max_bytes": _whole(0),
 }
 
 
@@ -267,7 +272,8 @@ def from_env(environ: Mapping[str, str]) -> dict[str, tuple[object, str]]:
                               f" (on) (got {heal!r})")
         out["self_heal"] = (word not in ("0", "false", "no"), ENV_SELF_HEAL)
     for name, var, least in (("logs.max_bytes", ENV_LOG_MAX_BYTES, 0),
-                             ("logs.backups", ENV_LOG_BACKUPS, 1)):
+                             ("logs.backups", ENV_LOG_BACKUPS, 1),
+                             ("logs.output_max_bytes", ENV_OUTPUT_MAX_BYTES, 0)):
         text = environ.get(var)
         if text is None or text == "":
             continue
@@ -333,7 +339,8 @@ def daemon_environment(
            for k, s in settings.items() if k.startswith("timing.")):
         out[ENV_TIMING] = json.dumps(timing, sort_keys=True)
     for name, var in (("self_heal", ENV_SELF_HEAL), ("logs.max_bytes", ENV_LOG_MAX_BYTES),
-                      ("logs.backups", ENV_LOG_BACKUPS)):
+                      ("logs.backups", ENV_LOG_BACKUPS),
+                      ("logs.output_max_bytes", ENV_OUTPUT_MAX_BYTES)):
         s = settings[name]
         if s.source not in ("default", f"env {var}") and var not in environ:
             value = s.value

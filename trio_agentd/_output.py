@@ -12,6 +12,12 @@ memory (small UTF-8 text goes into the journal and the transcript: ``reply``, ``
 that, in a file of its own that the records point to (``output``, ``stderr_output``), so no
 record grows with it. ``bytes`` and ``stderr_bytes`` give each stream's size.
 
+What a session keeps of its turns' files is bounded: once a spilled turn has ended, the oldest
+turns' files go while the session's together take more than :data:`KEEP_BYTES`
+(:func:`prune`). The newest turn's stay whatever their size. A resend of a command whose
+output went is answered ``storage_error`` (it ran; its output is no longer kept), and ``logs``
+says the file is gone.
+
 Zero copy (Linux): once a stream is in its file, output an agent leaves in its pipe
 (:class:`~trio_agentd.agents.Waiting`) is moved from the pipe into the file with ``splice``
 (:meth:`TurnOutput.take`) and sent from the file to a raw peer with ``sendfile``, in chunks of
@@ -21,14 +27,16 @@ Zero copy (Linux): once a stream is in its file, output an agent leaves in its p
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 from . import _fs
 
 INLINE_MAX = 64 * 1024  # bytes of a reply kept in the records themselves
+KEEP_BYTES = 2 << 30  # bytes of a session's spilled output kept, the newest turns' (see prune)
 CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 MiB frame)
 RAW_CHUNK_MAX = CHUNK_MAX  # bytes per raw chunk sent from a file (what a client buffers is
 # counted in chunks, so a chunk is no bigger raw than base64)
@@ -202,3 +210,51 @@ def inline(result: Any) -> bool:
         and "reply" in result
         and ("stderr" in result or not result.get("stderr_bytes"))
     )
+
+
+def prune(out_dir: Path, budget: int, keep: Collection[str]) -> list[str]:
+    """Remove the oldest turns' output files (``<turn>.out``, ``<turn>.err``) from
+    ``out_dir`` while all of them take more than ``budget`` bytes, never one named in ``keep``
+    (the turn that just ended). The names removed, oldest first.
+
+    Without a bound a session's disk use grows with every large turn, forever: a session that
+    printed a 1 GB file a hundred times would keep 100 GB.
+    """
+    files: list[tuple[int, str, int]] = []
+    try:
+        with os.scandir(out_dir) as entries:
+            for entry in entries:
+                stem, _dot, ext = entry.name.partition(".")
+                if ext not in ("out", "err") or not stem.isdigit():
+                    continue
+                try:
+                    size = entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
+                files.append((int(stem), entry.name, size))
+    except FileNotFoundError:
+        return []
+    total = sum(size for _turn, _name, size in files)
+    removed: list[str] = []
+    for _turn, name, size in sorted(files):
+        if total <= budget:
+            break
+        if name in keep:
+            continue
+        with contextlib.suppress(FileNotFoundError):  # gone already (a cleaner): no room
+            os.unlink(out_dir / name)
+        total -= size
+        removed.append(name)
+    return removed
+
+
+def missing_output(result: Any) -> str | None:
+    """The first file a completed command's result points to that is gone, if any."""
+    if not isinstance(result, dict):
+        return None
+    for stream in STREAMS:
+        _text, where, size = FIELDS[stream]
+        path = result.get(where)
+        if isinstance(path, str) and result.get(size) and not os.path.exists(path):
+            return path
+    return None

@@ -19,16 +19,20 @@ from ._storage import errno_name
 
 ENV_MAX_BYTES = "TRIO_AGENTD_LOG_MAX_BYTES"
 ENV_BACKUPS = "TRIO_AGENTD_LOG_BACKUPS"
+ENV_OUTPUT_MAX_BYTES = "TRIO_AGENTD_OUTPUT_MAX_BYTES"
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_bytes: int = _defaults.LOG_MAX_BYTES  # 0: never rotate
     backups: int = _defaults.LOG_BACKUPS
+    # a session's turn output files kept in all (0: no bound): see _output.prune
+    output_max_bytes: int = _defaults.OUTPUT_MAX_BYTES
 
 
 def limits_from_env(env: dict[str, str] | None = None) -> Limits:
-    """The limits from ``TRIO_AGENTD_LOG_MAX_BYTES`` / ``TRIO_AGENTD_LOG_BACKUPS``.
+    """The limits from ``TRIO_AGENTD_LOG_MAX_BYTES`` / ``TRIO_AGENTD_LOG_BACKUPS`` /
+    ``TRIO_AGENTD_OUTPUT_MAX_BYTES``.
 
     Raises:
         ValueError: a value that is not a whole number >= 0 (backups >= 1), naming it.
@@ -36,7 +40,8 @@ def limits_from_env(env: dict[str, str] | None = None) -> Limits:
     source = os.environ if env is None else env
     max_bytes = _whole(source, ENV_MAX_BYTES, _defaults.LOG_MAX_BYTES, 0)
     backups = _whole(source, ENV_BACKUPS, _defaults.LOG_BACKUPS, 1)
-    return Limits(max_bytes, backups)
+    output = _whole(source, ENV_OUTPUT_MAX_BYTES, _defaults.OUTPUT_MAX_BYTES, 0)
+    return Limits(max_bytes, backups, output)
 
 
 def _whole(env: os._Environ[str] | dict[str, str], name: str, default: int, least: int) -> int:

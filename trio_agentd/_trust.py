@@ -177,7 +177,7 @@ def isolated_python(module: str) -> list[str]:
 # the daemon's own knobs a worker reads at start (and then removes from its environment)
 WORKER_KNOBS = (
     "TRIO_AGENTD_TIMING", "TRIO_AGENTD_REFENCE_POLL", "TRIO_AGENTD_LOG_MAX_BYTES",
-    "TRIO_AGENTD_LOG_BACKUPS",
+    "TRIO_AGENTD_LOG_BACKUPS", "TRIO_AGENTD_OUTPUT_MAX_BYTES",
 )
 
 
