@@ -31,7 +31,12 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 def write_all(fd: int, data: bytes) -> None:
     """``os.write`` until every byte is written (a short write is retried, not ignored)."""
-    view = memoryview(data)
+    n = os.write(fd, data)
+    if n == len(data):  # (the usual case: no view to make)
+        return
+    if n <= 0:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    view = memoryview(data)[n:]
     while view:
         n = os.write(fd, view)
         if n <= 0:

@@ -1,13 +1,14 @@
 """Worker command journals: records, parsing, replay decisions. Pure.
 
 One JSON object per line: ``accepted`` (before a command runs), ``started`` (written, not
-flushed, just before its agent runs), ``completed`` (with its result), ``interrupted`` (it will
-never complete; ``"started": false`` when it is known never to have run), ``group`` (a process
-group the command's turn started: ``pgid``, leader ``pid`` and its ``start`` id; written before
-the group runs the agent's work) and ``group_stopped`` (a restarted worker dealt with that group:
-a group of a command that never completed is an orphan of a killed worker). A truncated or
-corrupt line is ignored, so a crash in the middle of an append loses nothing that was fsynced
-before it.
+flushed, just before its agent runs; for a replayable agent, whose turn runs without waiting
+for the flush, in the same write as its ``accepted``), ``completed`` (with its result),
+``interrupted`` (it will never complete; ``"started": false`` when it is known never to have
+run), ``group`` (a process group the command's turn started: ``pgid``, leader ``pid`` and its
+``start`` id; written before the group runs the agent's work) and ``group_stopped`` (a
+restarted worker dealt with that group: a group of a command that never completed is an
+orphan of a killed worker). A truncated or corrupt line is ignored, so a crash in the middle
+of an append loses nothing that was fsynced before it.
 """
 
 from __future__ import annotations

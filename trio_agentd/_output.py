@@ -76,10 +76,12 @@ def pieces(data: bytes) -> Iterator[tuple[int, bytes]]:
 class TurnOutput:
     """The bytes one turn produced so far; spills to ``path`` once past :data:`INLINE_MAX`.
 
-    ``path`` None keeps everything in memory (tests, and workers without a session dir).
+    ``path`` None keeps everything in memory (tests, and workers without a session dir); a
+    worker's turns name it with a ``str`` (a turn whose output stays in memory joins no
+    ``Path``).
     """
 
-    def __init__(self, path: Path | None, stream: str = STDOUT) -> None:
+    def __init__(self, path: Path | str | None, stream: str = STDOUT) -> None:
         self.path = path
         self.stream = stream
         self.size = 0
@@ -106,7 +108,7 @@ class TurnOutput:
 
     def _spill(self) -> None:
         assert self.path is not None
-        _fs.ensure_dir(self.path.parent)
+        _fs.ensure_dir(Path(self.path).parent)
         # readable too: the live stream is sent from it (sendfile)
         self._fd = _fs.open_trusted(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         if self._memory:
@@ -172,7 +174,7 @@ class TurnOutput:
             self._fd = None
 
 
-def read_file(path: Path, start: int, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+def read_file(path: Path | str, start: int, end: int | None = None) -> Iterator[tuple[int, bytes]]:
     """``(offset, bytes)`` pieces of a spilled output file (nothing if it is gone)."""
     try:
         fd = _fs.open_trusted(path)

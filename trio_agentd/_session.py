@@ -79,6 +79,7 @@ class Transcript:
         self.dir = session_dir
         self.path = session_dir / "transcript.jsonl"
         self.output_dir = session_dir / "output"  # turns' spilled output (joined once: pathlib)
+        self.output_prefix = f"{self.output_dir}{os.sep}"  # ... a turn's file: prefix + name
         self.limits = limits or Limits()
         self.turns = 0
         self.rotated_through = 0  # every turn up to this one is in a rotated file

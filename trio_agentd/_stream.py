@@ -34,6 +34,9 @@ class MessageStream(Framing):
         self.stream = stream
         self._send_lock = trio.Lock()
         self._widened = False  # the socket's send buffer made room for a stream (once)
+        self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+        # the last read from the socket took less than it asked for: it was empty then
+        self._drained = False
 
     async def send(self, msg: Message) -> None:
         await self.send_raw(encode(msg))
@@ -139,7 +142,19 @@ class MessageStream(Framing):
         """Read more into the buffer; ``False`` at end of stream."""
         if self._eof:
             return False
-        data = await self.stream.receive_some(max(want, RECEIVE_SIZE))
+        size = max(want, RECEIVE_SIZE)
+        sock = self._sock
+        if sock is None:
+            data = await self.stream.receive_some(size)
+        else:
+            if self._drained:
+                # the socket was emptied by the last read: wait for more before reading,
+                # rather than make a read that finds nothing first (a prompt's connection
+                # then costs one read per prompt, not two)
+                data = await _read(sock, size)
+            else:
+                data = await self.stream.receive_some(size)
+            self._drained = len(data) < size
         if not data:
             self._eof = True
             return False
@@ -164,6 +179,29 @@ def widen_send_buffer(sock: trio.socket.SocketType) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
     except OSError as exc:
         log.debug("the stream's send buffer stays as it was: %s", exc)
+
+
+async def _read(sock: trio.socket.SocketType, size: int) -> bytes:
+    """Up to ``size`` bytes from the (non-blocking) socket once it is readable (a checkpoint:
+    it always waits for the socket, as ``receive_some`` does when there is nothing to read).
+
+    Raises:
+        trio.BrokenResourceError: the connection failed.
+        trio.ClosedResourceError: the socket was closed under us.
+    """
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        fd = sock.fileno()
+        if fd < 0:  # closed by another task (a dropped connection)
+            raise trio.ClosedResourceError("the connection was closed")
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                raise trio.ClosedResourceError("the connection was closed") from None
+            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
 
 async def _write(sock: trio.socket.SocketType, data: bytes) -> None:

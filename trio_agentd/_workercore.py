@@ -280,7 +280,8 @@ class WorkerCore(TurnRunner):
             self.journal.append_durable(_journal.completed(k[0], rec.get("id", k[1]), {
                 "session": self.session_id, "turn": last.get("turn"), **kept_output(last)}))
         elif self.agent.replayable and rec.get("op") == "prompt":
-            running = Running(listener=None, request_id=rec.get("id"))  # type: ignore[arg-type]
+            running = Running(listener=None, request_id=rec.get("id"),  # type: ignore[arg-type]
+                              key=k)
             running.listener = None
             self._running[k] = running
             assert self._nursery is not None

@@ -71,24 +71,30 @@ class Journal:
         self.storage_failures = 0
         self.last_storage_error: AgentdError | None = None
 
-    def append(self, line: bytes, *, keep: bool = False) -> int:
-        """Write a record (not yet durable); its sequence number for :meth:`sync`.
+    def append(self, line: bytes, *more: bytes, keep: bool = False) -> int:
+        """Write a record (not yet durable), or several with one write (``more``); the
+        sequence number of the last for :meth:`sync`.
 
         ``keep``: the record is the outcome of a command that ran; if it cannot be written it is
         still applied, and kept in :attr:`backlog` to be written before the next record.
 
         Raises:
-            AgentdError: ``storage_error``; nothing of the record is left in the file.
+            AgentdError: ``storage_error``; nothing of the records is left in the file.
         """
         try:
             self._write_backlog()
-            self._write(line)
+            self._write(line, more)
         except AgentdError:
             if keep:
                 self.backlog.append(line)
+                self.backlog.extend(more)
                 self._apply(line)
+                for extra in more:
+                    self._apply(extra)
             raise
         self._apply(line)
+        for extra in more:
+            self._apply(extra)
         return self.written
 
     def _apply(self, line: bytes) -> None:
@@ -98,7 +104,7 @@ class Journal:
             # markers ride along: compaction counts commands
             self._lines += 1
 
-    def _write(self, line: bytes) -> None:
+    def _write(self, line: bytes, more: tuple[bytes, ...] = ()) -> None:
         if self._torn is not None:
             try:
                 os.ftruncate(self._fd, self._torn)
@@ -107,13 +113,17 @@ class Journal:
             self._torn = None
         start = self._offset
         try:
-            write_all(self._fd, line)
+            write_all(self._fd, b"".join((line, *more)) if more else line)
         except OSError as exc:
             self._cut(start)
             raise self._failed(exc) from exc
         self._offset = start + len(line)
         self.written += 1
         self._unflushed.append((self.written, self._offset, line))
+        for extra in more:
+            self._offset += len(extra)
+            self.written += 1
+            self._unflushed.append((self.written, self._offset, extra))
 
     def _write_backlog(self) -> None:
         while self.backlog:

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +64,8 @@ log = logging.getLogger("trio_agentd.worker")
 
 
 class Running:
-    def __init__(self, listener: Conn, request_id: Any) -> None:
+    def __init__(self, listener: Conn, request_id: Any, key: _journal.Key) -> None:
+        self.key = key  # the command's journal key
         self.done = trio.Event()
         self.listener: Conn | None = listener
         self.request_id = request_id
@@ -78,6 +79,9 @@ class Running:
         self.lock = trio.Lock()  # orders a listener's catch-up with the live chunks
         self.cancel_scope = trio.CancelScope()  # a client's cancel ends the agent's turn
         self.killed = False  # the session was killed: the turn ends with session_killed
+        # its ``started`` marker was journalled with its acceptance (a replayable agent's turn
+        # starts at once: one write for both)
+        self.marked_started = False
         self.result: Any = None
         self.error: AgentdError | None = None
 
@@ -197,15 +201,21 @@ class TurnRunner:
             AgentdError: the record could not be written; the turn is released, and nothing
                 of the command is left (a resend runs it).
         """
-        running = Running(conn, req.id)
+        running = Running(conn, req.id, k)
         self._running[k] = running
         accepted = 0
         if self.journal is not None:
+            record = _journal.accepted(req.client_id, command_id, "prompt", req.args,
+                                       boot=self.boot_id or None)
             try:
-                accepted = self.journal.append(
-                    _journal.accepted(req.client_id, command_id, "prompt", req.args,
-                                      boot=self.boot_id or None)
-                )
+                if self.agent.replayable:
+                    # its turn runs without waiting for the flush (see _execute): its started
+                    # marker goes in the same write (a replayable command is replayed after a
+                    # crash whether or not it is there)
+                    accepted = self.journal.append(record, _journal.started(k[0], k[1]))
+                    running.marked_started = True
+                else:
+                    accepted = self.journal.append(record)
             except AgentdError:
                 # never accepted: nothing of it is in the journal; a resend runs it
                 del self._running[k]
@@ -437,9 +447,16 @@ class TurnRunner:
     def _follow_chunk(self, running: Running, at: int, data: bytes) -> None:
         """Pass a piece of the running turn's output on to its followers (never waits); ``b""``
         only marks the turn started for them."""
-        key = next((k for k, r in self._running.items() if r is running), None)
-        if key is None:
+        key = running.key
+        if self._running.get(key) is not running:
             return
+        followers = self.followers
+        if not followers.all:
+            # nobody to pass it to: only the turn's start is kept, for a follower that comes
+            current = followers.current
+            if current is not None and current["command"] == [*key]:
+                return
+            data = b""
 
         def prompt() -> str | None:
             if self.journal is None:
@@ -635,22 +652,28 @@ class TurnRunner:
             on_group=functools.partial(self._on_group, k) if journal is not None else None,
             pipes=True,  # _relay takes Waiting chunks
         )
-        out_dir = self.transcript.output_dir if self.transcript else None
-        output = running.outputs[STDOUT] = TurnOutput(out_dir / f"{turn}.out" if out_dir else None)
+        prefix = self.transcript.output_prefix if self.transcript else None
+        output = running.outputs[STDOUT] = TurnOutput(f"{prefix}{turn}.out" if prefix else None)
         errors = running.outputs[STDERR] = TurnOutput(
-            out_dir / f"{turn}.err" if out_dir else None, STDERR
+            f"{prefix}{turn}.err" if prefix else None, STDERR
         )
         self._notify(Notice(kind="turn_started", turn=self.turns))
-        if journal is not None:
+        if journal is not None and not running.marked_started:
             # not flushed on its own: it rides the outcome's flush (see _recover_one)
             journal.append(_journal.started(k[0], k[1]))
         self._turn_running = running
         try:
             with running.cancel_scope:
                 turn_chunks = self.agent.turn(text, ctx)
-                async with _closing(turn_chunks):
+                try:
                     async for chunk in turn_chunks:
                         await self._relay(running, chunk)
+                finally:
+                    # closed now, not at garbage collection (its processes die)
+                    aclose = _aclose_of(turn_chunks)
+                    if aclose is not None:
+                        with trio.move_on_after(AGENT_CLOSE_TIMEOUT, shield=True):
+                            await aclose()
             if running.cancel_scope.cancelled_caught and running.killed:
                 output.close()
                 errors.close()
@@ -782,17 +805,13 @@ def kept_output(record: dict[str, Any]) -> dict[str, Any]:
             if f in record}
 
 
-@contextlib.asynccontextmanager
-async def _closing(chunks: AsyncIterator[Chunk]) -> AsyncIterator[None]:
-    """Close an agent's chunk generator now, not at garbage collection (its processes die)."""
-    try:
-        yield
-    finally:
-        aclose = getattr(chunks, "aclose", None)
-        # (a native generator that ran to its end has no frame: nothing to close, no scope)
-        if aclose is not None and getattr(chunks, "ag_frame", True) is not None:
-            with trio.move_on_after(AGENT_CLOSE_TIMEOUT, shield=True):
-                await aclose()
+def _aclose_of(chunks: AsyncIterator[Chunk]) -> Callable[[], Awaitable[object]] | None:
+    """How to close an agent's chunk generator, if it has anything to close (a native
+    generator that ran to its end has no frame: nothing to close, no scope to enter)."""
+    aclose: Callable[[], Awaitable[object]] | None = getattr(chunks, "aclose", None)
+    if aclose is None or getattr(chunks, "ag_frame", True) is None:
+        return None
+    return aclose
 
 
 def session_killed_error(session_id: str, turn: int | None = None) -> AgentdError:

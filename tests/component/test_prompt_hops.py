@@ -315,3 +315,153 @@ async def test_a_prompt_on_a_direct_route_costs_its_caller_one_step_and_the_read
             trio.lowlevel.remove_instrument(steps)
     assert steps.steps[caller] == prompts
     assert steps.steps["run_reader"] == prompts
+
+
+@pytest.mark.usefixtures("no_worker_errors")
+async def test_a_replayable_turns_acceptance_and_start_are_one_write(
+    nursery: trio.Nursery, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trio_agentd import _fs, _workerjournal
+
+    w = World(nursery, journal=journal)
+    await w.start()
+    await w.supervisor(w.owner("g1", 100))
+    client = await _socket_client(w)
+    writes: list[bytes] = []
+    real = _fs.write_all
+
+    def recording(fd: int, data: bytes) -> None:
+        writes.append(bytes(data))
+        real(fd, data)
+
+    monkeypatch.setattr(_workerjournal, "write_all", recording)
+    await client.send(1, "prompt", text="hello", stream=False)
+    assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] hello\n"))
+    kinds = [[line.split(b'"kind":"')[1].split(b'"')[0] for line in data.splitlines()]
+             for data in writes]
+    assert kinds == [[b"accepted", b"started"], [b"completed"]]
+    await client.ms.aclose()
+
+
+def test_records_appended_together_are_one_write_and_each_counts(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trio_agentd import _fs, _journal, _workerjournal
+
+    writes: list[bytes] = []
+    real = _fs.write_all
+
+    def recording(fd: int, data: bytes) -> None:
+        writes.append(bytes(data))
+        real(fd, data)
+
+    monkeypatch.setattr(_workerjournal, "write_all", recording)
+    accepted = _journal.accepted("c", 1, "prompt", {"text": "x"})
+    started = _journal.started("c", 1)
+    assert journal.append(accepted, started) == 2  # the last one's sequence number
+    assert writes == [accepted + started]
+    assert ("c", "1") in journal.state.accepted
+    assert ("c", "1") in journal.state.started
+    assert journal.synced(2)
+    assert journal.path.read_bytes() == accepted + started
+
+
+def test_records_appended_together_that_cannot_be_written_leave_nothing(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trio_agentd import _journal, _workerjournal
+
+    def full(_fd: int, _data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_workerjournal, "write_all", full)
+    accepted = _journal.accepted("c", 1, "prompt", {"text": "x"})
+    started = _journal.started("c", 1)
+    with caplog.at_level(logging.ERROR, "trio_agentd.worker"), pytest.raises(AgentdError):
+        journal.append(accepted, started)
+    assert journal.written == 0
+    assert journal.state.accepted == {}
+    assert journal.state.started == set()
+    assert journal.backlog == []
+    # an outcome's records are kept (applied, written again before the next record)
+    done = _journal.completed("c", 1, {"reply": "x"})
+    with caplog.at_level(logging.ERROR, "trio_agentd.worker"), pytest.raises(AgentdError):
+        journal.append(started, done, keep=True)
+    assert journal.backlog == [started, done]
+    assert ("c", "1") in journal.state.completed
+    monkeypatch.undo()
+    assert journal.append(_journal.started("c", 2)) == 3
+    assert journal.backlog == []
+    assert journal.path.read_bytes() == started + done + _journal.started("c", 2)
+
+
+async def test_a_drained_socket_is_read_once_per_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a read has emptied the socket, the next waits for it to be readable and reads
+    once: no read that finds nothing before each frame."""
+    ours, theirs = trio.socket.socketpair()
+    async with trio.SocketStream(ours) as a, trio.SocketStream(theirs) as b:
+        receiver = MessageStream(b)
+        await a.send_all(encode(Request(id=0, op="ping", client_id="c")))
+        assert await receiver.receive() == Request(id=0, op="ping", client_id="c")
+        reads: list[int] = []
+        real = os.read
+
+        def counting(fd: int, n: int) -> bytes:
+            data = real(fd, n)
+            reads.append(len(data))
+            return data
+
+        monkeypatch.setattr(os, "read", counting)
+        for i in range(1, 4):
+            frame = encode(Request(id=i, op="ping", client_id="c"))
+
+            async def later(frame: bytes = frame) -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                await a.send_all(frame)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(later)
+                assert await receiver.receive() == Request(id=i, op="ping", client_id="c")
+            assert reads == [len(frame)]  # one read, with the frame
+            reads.clear()
+        await a.aclose()
+        assert await receiver.receive() is None  # end of stream
+
+
+async def test_a_drained_socket_closed_under_its_reader_is_a_closed_resource() -> None:
+    ours, theirs = trio.socket.socketpair()
+    async with trio.SocketStream(ours) as a, trio.SocketStream(theirs) as b:
+        receiver = MessageStream(b)
+        await a.send_all(b'{"type":"request","id":1,"op":"ping"}\n')
+        assert await receiver.receive_line() is not None  # the read emptied the socket
+        raised: list[BaseException] = []
+
+        async def receive() -> None:
+            try:
+                await receiver.receive_line()
+            except trio.ClosedResourceError as exc:
+                raised.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            await trio.testing.wait_all_tasks_blocked()
+            await b.aclose()
+        assert len(raised) == 1
+
+
+async def test_a_drained_socket_whose_peer_resets_it_is_a_broken_resource() -> None:
+    import socket as _socket
+    import struct
+
+    ours, theirs = trio.socket.socketpair(_socket.AF_UNIX)
+    async with trio.SocketStream(ours) as a, trio.SocketStream(theirs) as b:
+        receiver = MessageStream(b)
+        await a.send_all(b'{"type":"request","id":1,"op":"ping"}\n')
+        assert await receiver.receive_line() is not None
+        # the peer goes away leaving data unread: a reset on the next read (Unix sockets
+        # report it as ECONNRESET)
+        await b.send_all(b"unread by the peer\n")
+        a.socket.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await a.aclose()
+        with pytest.raises(trio.BrokenResourceError):
+            await receiver.receive_line()

@@ -383,3 +383,16 @@ async def test_a_run_of_file_events_arrives_whole_and_in_order_with_room_made_fo
     if zero_copy:  # a streaming socket holds more than one chunk in flight
         assert widened > default
         assert widened >= min(_stream.SEND_BUFFER, RAW_CHUNK_MAX * 4)
+
+
+def test_an_output_named_by_a_str_spills_to_that_file(tmp_path: Path) -> None:
+    # (the worker's turns name their files with a str: no Path per turn)
+    out = TurnOutput(str(tmp_path / "1.out"))
+    try:
+        data = b"x" * (INLINE_MAX + 1)
+        out.add(data)
+        assert (tmp_path / "1.out").read_bytes() == data
+        assert b"".join(piece for _, piece in out.read()) == data
+        assert out.result_fields() == {"output": str(tmp_path / "1.out"), "bytes": len(data)}
+    finally:
+        out.close()
