@@ -138,6 +138,11 @@ class TurnOutput:
         return count, None
 
     @property
+    def spilled(self) -> bool:
+        """Whether the output went to its file (past :data:`INLINE_MAX`, or not UTF-8)."""
+        return self._memory is None
+
+    @property
     def file_fd(self) -> int | None:
         """The spill file, open for reading too (``None`` while the output is in memory)."""
         return self._fd

@@ -34,7 +34,9 @@ from ._output import (
     TurnOutput,
     chunk_event,
     inline,
+    missing_output,
     pieces,
+    prune,
     stored_pieces,
 )
 from ._protocol import (
@@ -550,6 +552,16 @@ class TurnRunner:
                 await self._respond(conn, fail(req.id, _ran(exc)))
                 return True
         completed, result = done
+        if completed and (gone := missing_output(result)) is not None:
+            # it ran; what it printed went with the session's oldest output: say so, rather
+            # than answer with part of it
+            await self._respond(conn, fail(req.id, AgentdError(
+                ErrorCode.STORAGE_ERROR,
+                f"command {k[1]} ran (turn {result.get('turn')}), but its output is no longer"
+                f" kept: {gone} was removed (a session keeps logs.output_max_bytes of output,"
+                " the newest turns'); trio-agentd logs still shows its record",
+                {"ran": True, "path": gone})))
+            return True
         if completed and (req.args.get("stream", True) is not False or not inline(result)):
             # a resend of a finished command gets its whole output again
             for stream in STREAMS:
@@ -623,7 +635,26 @@ class TurnRunner:
                         self.transcript.sync()  # compaction forgets old results: keep the view
                 self.journal.maybe_compact()
         self._running.pop(k, None)
+        self._bound_output(running)
         running.done.set()
+
+    def _bound_output(self, running: Running) -> None:
+        """Once a turn whose output went to a file has ended (its outcome durable), remove
+        the session's oldest turns' files past ``logs.output_max_bytes`` (:func:`prune`)."""
+        if self.transcript is None:
+            return
+        budget = self.transcript.limits.output_max_bytes
+        mine = [o.path for o in running.outputs.values() if o.spilled and o.path is not None]
+        if budget <= 0 or not mine:
+            return
+        try:
+            removed = prune(Path(mine[0]).parent, budget, {Path(p).name for p in mine})
+        except OSError as exc:  # (the dir unreadable: nothing removed, tried after each turn)
+            log.warning("output of session %s: could not bound it: %s", self.session_id, exc)
+            return
+        if removed:
+            log.info("output of session %s past %d bytes: removed the files of older turns"
+                     " (%s)", self.session_id, budget, ", ".join(removed))
 
     def _note_agent_start(self, running: Running) -> None:
         """A turn whose agent could not be started (no such program, not executable, no shell)

@@ -404,3 +404,46 @@ def test_unstreamed_small_binary_answer_carries_its_bytes_the_first_time(
 ) -> None:
     first, _, _ = _binary_unstreamed(denv)
     assert first == b"\x00\xff\x80abc"
+
+
+# --- a session's kept output is bounded -------------------------------------------------------
+
+
+def test_a_sessions_kept_output_is_bounded_oldest_turns_first() -> None:
+    """With ``logs.output_max_bytes`` at 150 kB, three turns of 100 kB each: after each one
+    the older turns' files go until the rest fit; the newest stays. A resend of the first
+    command is told its output is no longer kept (it ran: it is not run again), not given
+    part of it; ``logs`` says the file is gone."""
+    from .harness import daemon_env
+
+    with daemon_env(extra_env={"TRIO_AGENTD_OUTPUT_MAX_BYTES": "150000"}) as denv:
+        denv.prompt("start the daemon")
+        src = denv.root / "100k.bin"
+        expected = write_random(src, 100_000, seed=7)
+        counter = denv.root / "runs.txt"
+        out_dir = denv.home / "sessions" / "bounded" / "output"
+        for turn in (1, 2, 3):
+            request = {
+                "type": "request", "id": turn, "client_id": "c1", "op": "prompt",
+                "args": {"session": "bounded", "agent": "shell",
+                         "text": f"echo run >> '{counter}'; cat '{src}'"},
+            }
+            with raw(denv.socket) as conn:
+                conn.send(request)
+                got, response, _ = collect(conn, turn)
+            assert response["ok"], response
+            assert got == expected
+            assert sorted(p.name for p in out_dir.iterdir()) == [f"{turn}.out"]
+        first = {"type": "request", "id": 1, "client_id": "c1", "op": "prompt",
+                 "args": {"session": "bounded", "agent": "shell", "text": "not run again"}}
+        with raw(denv.socket) as conn:
+            conn.send(first)
+            again, response, chunks = collect(conn, 1)
+        assert (again, chunks) == (b"", 0)
+        assert not response["ok"]
+        assert response["error"]["code"] == "storage_error", response
+        assert "no longer kept" in response["error"]["message"]
+        assert counter.read_text() == "run\n" * 3  # nothing ran again
+        history = cli(denv, "logs", "bounded")
+        assert history.returncode == 0, history.stderr
+        assert b"1.out is gone" in history.stdout
