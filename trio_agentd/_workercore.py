@@ -63,7 +63,7 @@ from ._session import Transcript
 from ._stream import MessageStream
 from ._workerconn import Conn
 from ._workerjournal import Journal
-from ._workerturns import Running, TurnRunner, interrupted_error, kept_output
+from ._workerturns import Running, StartedHere, TurnRunner, interrupted_error, kept_output
 from .agents import (
     Agent,
 )
@@ -124,6 +124,8 @@ class WorkerCore(TurnRunner):
         self.conns: list[Conn] = []
         self.current: Conn | None = None
         self._turn_running: Running | None = None  # the turn whose agent runs now
+        # its turns never wait on anything (declared): the connection's reader runs them
+        self._immediate = getattr(agent, "immediate", False) is True
         # the claim of the supervisor this worker serves: set by its authentication, kept when
         # its connection closes (a supervisor killed -9 leaves routed clients served) until a
         # newer supervisor authenticates or the claim fails the fence
@@ -433,6 +435,9 @@ class WorkerCore(TurnRunner):
                 if req.op == "prompt":
                     started = self.start_prompt(conn, req)  # a new prompt, no task of its own
                     if started is True:
+                        continue
+                    if isinstance(started, StartedHere):
+                        await self.run_here(started, conn, req)
                         continue
                     if started is not False:  # refused: it could not be journalled
                         try:

@@ -92,6 +92,19 @@ class Running:
         return self.stream or any(out.size > INLINE_MAX for out in self.outputs.values())
 
 
+class StartedHere:
+    """A prompt :meth:`TurnRunner.start_prompt` accepted for its caller to run
+    (:meth:`TurnRunner.run_here`)."""
+
+    __slots__ = ("accepted", "key", "running", "text")
+
+    def __init__(self, key: _journal.Key, text: str, running: Running, accepted: int) -> None:
+        self.key = key
+        self.text = text
+        self.running = running
+        self.accepted = accepted
+
+
 class TurnRunner:
     """Runs the session's turns, one at a time, for :class:`._workercore.WorkerCore`."""
 
@@ -110,6 +123,7 @@ class TurnRunner:
     followers: Followers
     turns_run: int
     _turn_running: Running | None
+    _immediate: bool  # the agent's turns never wait: the reader runs them (run_here)
     _recovered: trio.Event
     _killed: bool
     _answering: int
@@ -155,18 +169,23 @@ class TurnRunner:
             self._answered.set()
             self._answered = trio.Event()
 
-    def start_prompt(self, conn: Conn, req: Request) -> bool | Response:
+    def start_prompt(self, conn: Conn, req: Request) -> bool | Response | StartedHere:
         """Start a new prompt from the connection's reader, without a task of its own, when
         nothing stands in its way: the worker is up and not stopping, the command is neither
         done nor running, the session's turn is free, the connection still valid. Its turn
         runs in the worker's nursery, as any (a dropped connection cannot abandon it), and
         answers the prompt itself when it ends (:meth:`_execute_answered`): a prompt costs no
-        task and no trip through the scheduler of its own.
+        handler task and no trip through the scheduler of its own.
+
+        An agent that declares its turns ``immediate`` (they never wait on anything) has its
+        turn run by the reader itself (:meth:`run_here`), shielded from the connection's
+        cancellation: no task at all, and no pass of the event loop of its own.
 
         Returns:
             ``True``: started (the caller counts it in flight; the turn uncounts it);
             ``False``: the prompt takes the general path (:meth:`_prompt`, in a task);
-            a response: the prompt was refused (it could not be journalled): send it.
+            a response: the prompt was refused (it could not be journalled): send it;
+            :class:`StartedHere`: accepted, to be run by the caller (:meth:`run_here`).
         """
         if not self._recovered.is_set() or self.stop_requested.is_set():
             return False
@@ -190,9 +209,22 @@ class TurnRunner:
         running.stream = req.args.get("stream", True) is not False
         running.raw = req.args.get("raw") is True
         self._answering += 1
+        if self._immediate:
+            return StartedHere(k, text, running, accepted)
         assert self._nursery is not None
         self._nursery.start_soon(self._execute_answered, k, text, running, accepted, conn, req)
         return True
+
+    async def run_here(self, started: StartedHere, conn: Conn, req: Request) -> None:
+        """Run an immediate agent's turn that :meth:`start_prompt` accepted, in the caller
+        (the connection's reader), and answer it.
+
+        Cancellation: the turn is shielded (a dropped connection cannot abandon it, as one
+        in the worker's nursery); a client's ``cancel``, a ``kill`` and a stop still reach it
+        through its own scope. Only the answer's send may be cut short.
+        """
+        await self._execute_answered(started.key, started.text, started.running,
+                                     started.accepted, conn, req, shielded=True)
 
     def _accept(self, conn: Conn, req: Request, k: _journal.Key, command_id: str | int
                 ) -> tuple[Running, int]:
@@ -227,11 +259,16 @@ class TurnRunner:
 
     async def _execute_answered(
         self, k: _journal.Key, text: str, running: Running, accepted: int, conn: Conn,
-        req: Request,
+        req: Request, *, shielded: bool = False,
     ) -> None:
-        """:meth:`_execute` a prompt :meth:`start_prompt` started, then answer it."""
+        """:meth:`_execute` a prompt :meth:`start_prompt` started, then answer it
+        (``shielded``: the turn, not its answer, from the caller's cancellation)."""
         try:
-            await self._execute(k, text, running, accepted)
+            if shielded:
+                with trio.CancelScope(shield=True):
+                    await self._execute(k, text, running, accepted)
+            else:
+                await self._execute(k, text, running, accepted)
             await self._answer(conn, req, running, last=True)
         finally:
             conn.in_flight.value -= 1

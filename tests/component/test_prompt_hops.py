@@ -21,10 +21,13 @@ import trio.testing
 from tests.component.test_direct_route import (
     ADMITTED,
     HELLO,
+    SESSION,
     TTL,
     WALL0,
     ClientEnd,
+    GatedAgent,
     World,
+    failure,
     grant,
     reply,
 )
@@ -34,6 +37,7 @@ from trio_agentd._errors import AgentdError
 from trio_agentd._protocol import Attach, Event, Request, Response, encode
 from trio_agentd._stream import MessageStream
 from trio_agentd._workerjournal import Journal
+from trio_agentd.agents import EchoAgent
 from trio_agentd.testing import memory_stream_pair
 
 pytestmark = [pytest.mark.timeout(10)]
@@ -74,11 +78,21 @@ async def _socket_client(w: World) -> ClientEnd:
     return client
 
 
-@pytest.mark.usefixtures("no_worker_errors")
-async def test_an_idle_sessions_prompt_takes_one_step_of_its_own_and_flushes_once(
-    nursery: trio.Nursery, journal: Journal
-) -> None:
-    w = World(nursery, journal=journal)
+class _WaitingEcho(EchoAgent):
+    """The echo agent without its ``immediate`` declaration: its turns get a task."""
+
+    immediate = False
+
+
+class _ImmediateGated(GatedAgent):
+    """Declares its turns immediate, and (for the test) a gated one waits all the same."""
+
+    immediate = True
+
+
+async def _prompt_steps(w: World, journal: Journal) -> tuple[Steps, int]:
+    """The steps of each task while one prompt to an idle session is answered, and the
+    journal's flushes meanwhile."""
     await w.start()
     await w.supervisor(w.owner("g1", 100))
     client = await _socket_client(w)
@@ -95,18 +109,87 @@ async def test_an_idle_sessions_prompt_takes_one_step_of_its_own_and_flushes_onc
     finally:
         trio.lowlevel.remove_instrument(steps)
     assert (events, response) == ([], reply(2, 2, "[echo turn 2] hello\n"))
+    # one fdatasync covers the turn's accepted, started and completed records
+    assert [line.split(b'"kind":"')[1].split(b'"')[0]
+            for line in journal.path.read_bytes().splitlines()[-3:]] == [
+        b"accepted", b"started", b"completed"]
+    await client.ms.aclose()
+    return steps, journal.flushes - flushes
+
+
+@pytest.mark.usefixtures("no_worker_errors")
+async def test_an_idle_sessions_prompt_takes_one_step_of_its_own_and_flushes_once(
+    nursery: trio.Nursery, journal: Journal
+) -> None:
+    steps, flushes = await _prompt_steps(World(nursery, agent=_WaitingEcho(), journal=journal),
+                                         journal)
     # the connection's reader starts the prompt itself (no task to handle it) and reads on;
     # the turn runs as one step: its first (and only) chunk takes its free lock without a
     # checkpoint, the outcome's inline flush needs no wait, and the answer fits in the socket
     assert "_handle_counted" not in steps.steps
     assert steps.steps["serve_connection"] == 1
     assert steps.steps["_execute_answered"] == 1
-    # one fdatasync covers the turn's accepted, started and completed records
-    assert journal.flushes == flushes + 1
-    assert [line.split(b'"kind":"')[1].split(b'"')[0]
-            for line in journal.path.read_bytes().splitlines()[-3:]] == [
-        b"accepted", b"started", b"completed"]
-    await client.ms.aclose()
+    assert flushes == 1
+
+
+@pytest.mark.usefixtures("no_worker_errors")
+async def test_an_immediate_agents_prompt_takes_no_step_of_its_own(
+    nursery: trio.Nursery, journal: Journal
+) -> None:
+    steps, flushes = await _prompt_steps(World(nursery, journal=journal), journal)
+    # the echo agent's turns never wait: the reader runs the turn and answers, in its one step
+    assert EchoAgent.immediate is True
+    assert "_handle_counted" not in steps.steps
+    assert "_execute_answered" not in steps.steps
+    assert steps.steps["serve_connection"] == 1
+    assert flushes == 1
+
+
+@pytest.mark.usefixtures("no_worker_errors")
+async def test_a_turn_run_by_the_reader_is_still_cancelled_by_a_cancel(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    agent = _ImmediateGated()
+    agent.gate("slow")
+    w = World(nursery, agent=agent)
+    await w.start()
+    await w.supervisor(w.owner("g1", 100))
+    client = await w.attached(grant("g1"), client_id="c")
+    other = await w.attached(grant("g1"), client_id="d")
+    await client.prompt(1, "slow")
+    await agent.started["slow"].wait()
+    await other.send(1, "cancel")  # the session's running turn
+    assert await other.receive() == Response(id=1, ok=True, result={"cancelled": True})
+    _events, response = await client.until_response()
+    assert failure(response)[:2] == (1, "command_cancelled")
+    await client.prompt(2, "next")  # the session serves on (a cancelled turn does not count)
+    assert (await client.until_response())[1] == reply(2, 1, "reply 1: next")
+
+
+@pytest.mark.usefixtures("no_worker_errors")
+async def test_a_turn_run_by_the_reader_outlives_its_dropped_connection(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    agent = _ImmediateGated()
+    release = agent.gate("slow")
+    w = World(nursery, agent=agent)
+    await w.start()
+    old = await w.supervisor(w.owner("g1", 100))
+    await old.prompt(70, "slow", client_id="c", command_id=7)
+    await agent.started["slow"].wait()
+    # a newer supervisor authenticates: the old one's connection (whose reader runs the turn)
+    # is dropped, and its cancellation must not abandon the accepted turn
+    new = await w.supervisor(w.owner("g2", 200))
+    await trio.testing.wait_all_tasks_blocked()
+    assert agent.prompts == ["slow"]
+    release.set()
+    await trio.testing.wait_all_tasks_blocked()
+    assert w.core.turns_run == 1
+    # the resend on the new supervisor gets the turn's result; nothing ran twice
+    await new.prompt(71, "slow", client_id="c", command_id=7)
+    expected = {"session": SESSION, "turn": 1, "reply": "reply 1: slow", "bytes": 13}
+    assert await new.response(71) == Response(id=71, ok=True, result=expected)
+    assert agent.prompts == ["slow"]
 
 
 async def test_a_last_send_with_room_is_no_trip_through_the_scheduler() -> None:

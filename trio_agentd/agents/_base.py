@@ -81,6 +81,12 @@ class Agent(Protocol):
     ``replayable`` declares whether a command accepted before a crash may be run again after
     the worker restarts; a non-replayable agent's interrupted command is reported to
     its client as ``command_interrupted`` instead.
+
+    An agent may also declare ``immediate = True`` (optional; absent means ``False``): its
+    turns never wait on anything (no I/O, no sleep, nothing awaited but the worker's sends of
+    their chunks). The worker then runs such a turn in the task that read its prompt, without
+    a task of its own; a turn that did wait would hold up that connection's other requests
+    (its pings too) until it ends.
     """
 
     replayable: bool

@@ -9,6 +9,7 @@ from ._base import TurnContext
 
 class EchoAgent:
     replayable = True
+    immediate = True  # its turn awaits nothing: the worker runs it without a task of its own
 
     async def turn(self, prompt: str, ctx: TurnContext) -> AsyncIterator[str]:
         yield f"[echo turn {ctx.turn}] {prompt}\n"
