@@ -32,6 +32,10 @@ class Framing:
         ``False`` at end of stream (and set ``_eof``)."""
         raise NotImplementedError
 
+    def line_waiting(self) -> bool:
+        """Whether a whole line is buffered already (a pipelined request, read with this one)."""
+        return self._buf.find(b"\n", self._scanned) >= 0
+
     async def receive_line(self) -> bytes | None:
         """The next line (without newline), or ``None`` at end of stream (a half line at the
         end is dropped: the peer never finished it).

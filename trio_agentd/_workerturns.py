@@ -209,7 +209,8 @@ class TurnRunner:
         running.stream = req.args.get("stream", True) is not False
         running.raw = req.args.get("raw") is True
         self._answering += 1
-        if self._immediate:
+        if self._immediate and not conn.ms.line_waiting():
+            # (a request pipelined behind it is read at once instead: its turn is a task)
             return StartedHere(k, text, running, accepted)
         assert self._nursery is not None
         self._nursery.start_soon(self._execute_answered, k, text, running, accepted, conn, req)

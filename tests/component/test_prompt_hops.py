@@ -167,6 +167,32 @@ async def test_a_turn_run_by_the_reader_is_still_cancelled_by_a_cancel(
 
 
 @pytest.mark.usefixtures("no_worker_errors")
+async def test_a_prompt_with_a_request_pipelined_behind_it_is_not_run_by_the_reader(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """The reader runs an immediate turn itself only when nothing else waits in its buffer:
+    a request pipelined behind the prompt (here a ping, read in the same receive) is answered
+    while the turn runs, not after it (a turn that waits despite its declaration shows it)."""
+    agent = _ImmediateGated()
+    release = agent.gate("slow")
+    w = World(nursery, agent=agent)
+    await w.start()
+    await w.supervisor(w.owner("g1", 100))
+    client = await w.attached(grant("g1"), client_id="c")
+    both = (encode(Request(id=1, op="prompt", client_id="c", args={"text": "slow"}))
+            + encode(Request(id=2, op="ping", client_id="c", args={})))
+    await client.ms.send_raw(both)  # one write: the reader reads both at once
+    await agent.started["slow"].wait()
+    with trio.fail_after(1):
+        pong = await client.receive()
+    assert isinstance(pong, Response)
+    assert (pong.id, pong.ok) == (2, True)
+    release.set()
+    _events, response = await client.until_response()
+    assert response == reply(1, 1, "reply 1: slow")
+
+
+@pytest.mark.usefixtures("no_worker_errors")
 async def test_a_turn_run_by_the_reader_outlives_its_dropped_connection(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
