@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 
     from .timing import Timing
 
-
+# after Ctrl-C, how long the client keeps trying to reach the worker with the cancel (a worker
+# slow to say hello under load, or one respawning), and how long it waits between tries
+CANCEL_REACH = 10.0
+CANCEL_RETRY_DELAY = 0.1
 
 
 def creator_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -319,6 +322,7 @@ class SyncClient:
                     self.trace(f"route: granted by the supervisor for session {session}")
             conn: _Conn | None = None
             sent = False
+            interrupted = False
             liveness = _Liveness(
                 self.timing,
                 {"type": "request", "id": f"ping-{rid}", "client_id": self.client_id,
@@ -339,22 +343,7 @@ class SyncClient:
                         self.trace("prompt: answered")
                     return result
                 except KeyboardInterrupt:
-                    # Ctrl-C: cancel this command and wait for the worker to confirm; a
-                    # second Ctrl-C leaves at once. The interrupt may have landed inside a
-                    # frame (a chunk's bytes half read, or read and not yet shown), so this
-                    # connection is out of step and is not read again: the cancel goes on a
-                    # new one, answered once the turn has ended, and then the command is
-                    # sent again with its id. The journal answers that: command_cancelled,
-                    # or its result if it had just finished (output already shown is
-                    # skipped by its offset).
-                    conn.close()
-                    conn = None
-                    conn = _attach(route, self.timing)
-                    conn.send({"type": "request", "id": f"cancel-{rid}", "client_id":
-                               self.client_id, "op": "cancel", "args": {"command_id": rid}})
-                    _await_response(conn, f"cancel-{rid}", None, liveness)
-                    conn.send(frame)
-                    return _await_response(conn, rid, on_event, liveness)
+                    interrupted = True  # (handled below, outside the resend's handlers)
             except (OSError, _Lost) as exc:
                 error: Exception = exc
             except AgentdError as exc:
@@ -364,6 +353,8 @@ class SyncClient:
             finally:
                 if conn is not None:
                     conn.close()
+            if interrupted:
+                return self._cancel_interrupted(route, rid, frame, on_event, liveness)
             if self.trace is not None:
                 self.trace(f"route: failed ({error}); asking the supervisor again")
             now = time.monotonic()
@@ -379,6 +370,52 @@ class SyncClient:
             time.sleep(delay)
             delay = min(delay * 2, RESEND_DELAY_MAX)
             self.resent = True
+
+    def _cancel_interrupted(
+        self, route: dict[str, Any], rid: int | str, frame: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], None] | None, liveness: _Liveness,
+    ) -> Any:
+        """After Ctrl-C: cancel the command, wait for the worker to confirm, and return its
+        answer; a second Ctrl-C leaves at once.
+
+        The interrupt may have landed inside a frame (a chunk's bytes half read, or read and
+        not yet shown), so the interrupted connection is out of step and is not read again:
+        the cancel goes on a new one, answered once the turn has ended, and then the command
+        is sent again with its id. The journal answers that: ``command_cancelled``, or its
+        result if it had just finished (output already shown is skipped by its offset). The
+        prompt is never resent on its own here: that would join the running turn and wait
+        for it. A worker that cannot be reached for the cancel (within ``CANCEL_REACH``) is
+        an error that says the turn may still run.
+
+        Raises:
+            AgentdError: ``command_cancelled`` (confirmed), the command's own failure, or
+                ``worker_unavailable`` (the cancel could not be delivered).
+        """
+        deadline = time.monotonic() + CANCEL_REACH
+        while True:
+            conn: _Conn | None = None
+            try:
+                conn = _attach(route, self.timing)
+                conn.send({"type": "request", "id": f"cancel-{rid}", "client_id":
+                           self.client_id, "op": "cancel", "args": {"command_id": rid}})
+                _await_response(conn, f"cancel-{rid}", None, liveness)
+                conn.send(frame)
+                return _await_response(conn, rid, on_event, liveness)
+            except (OSError, _Lost, AgentdError) as exc:
+                if isinstance(exc, AgentdError) and exc.code not in REROUTE:
+                    raise  # the worker's answer (command_cancelled, ...)
+                if time.monotonic() + CANCEL_RETRY_DELAY > deadline:
+                    session = route.get("session", "?")
+                    raise AgentdError(
+                        ErrorCode.WORKER_UNAVAILABLE,
+                        f"interrupted, but the cancel could not reach the worker of session"
+                        f" {session} within {CANCEL_REACH:g}s ({exc}): its turn may still"
+                        f" run — trio-agentd cancel {session} stops it",
+                    ) from None
+            finally:
+                if conn is not None:
+                    conn.close()
+            time.sleep(CANCEL_RETRY_DELAY)
 
     def close(self) -> None:
         if self._conn is not None:
