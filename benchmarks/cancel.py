@@ -99,6 +99,12 @@ def once(env: Env, session: str, script: str) -> dict[str, float]:
 
 
 def run(reps: int) -> dict[str, Any]:
+    # the CLI must get SIGINT as it does at a terminal. A runner started in the background of
+    # a non-interactive shell (`python -m benchmarks &`) ignores SIGINT, and an ignored signal
+    # stays ignored across fork and exec: the CLI would never see its Ctrl-C (two full runs
+    # recorded "did not exit within 30 s" that way). A handler here is reset to the default
+    # by exec, so every CLI this figure starts gets SIGINT with Python's own handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stop_grace, kill_grace = _graces()
     out: dict[str, Any] = {"stop_grace_s": stop_grace, "kill_grace_s": kill_grace,
                            "margin_s": MARGIN_S, "reps": reps}
