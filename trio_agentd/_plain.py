@@ -153,7 +153,26 @@ if not TYPE_CHECKING:
                 raise AttributeError(f"cannot delete member {name!r}")
             super().__delattr__(name)
 
-    class Enum(metaclass=_EnumType):
+    class _Member:
+        """What both kinds of member have: ``.name``, ``.value``, ``repr`` and pickling."""
+
+        __slots__ = ()
+
+        @property
+        def name(self):
+            return self._name_
+
+        @property
+        def value(self):
+            return self._value_
+
+        def __repr__(self):
+            return f"<{type(self).__name__}.{self._name_}: {self._value_!r}>"
+
+        def __reduce_ex__(self, protocol):
+            return type(self), (self._value_,)
+
+    class Enum(_Member, metaclass=_EnumType):
         """A member equals only itself; ``str`` is ``Cls.NAME``."""
 
         __slots__ = ("_name_", "_value_")
@@ -165,17 +184,6 @@ if not TYPE_CHECKING:
             object.__setattr__(member, "_value_", value)
             return member
 
-        @property
-        def name(self):
-            return self._name_
-
-        @property
-        def value(self):
-            return self._value_
-
-        def __repr__(self):
-            return f"<{type(self).__name__}.{self._name_}: {self._value_!r}>"
-
         def __str__(self):
             return f"{type(self).__name__}.{self._name_}"
 
@@ -185,16 +193,13 @@ if not TYPE_CHECKING:
         def __hash__(self):
             return hash(self._name_)
 
-        def __reduce_ex__(self, protocol):
-            return type(self), (self._value_,)
-
         def __copy__(self):
             return self
 
         def __deepcopy__(self, memo):
             return self
 
-    class StrEnum(str, metaclass=_EnumType):
+    class StrEnum(_Member, str, metaclass=_EnumType):
         """A member is its value as a ``str`` (equal to it, hashed as it, printed as it)."""
 
         @classmethod
@@ -206,22 +211,8 @@ if not TYPE_CHECKING:
             member._value_ = value
             return member
 
-        @property
-        def name(self):
-            return self._name_
-
-        @property
-        def value(self):
-            return self._value_
-
-        def __repr__(self):
-            return f"<{type(self).__name__}.{self._name_}: {self._value_!r}>"
-
         __str__ = str.__str__
         __format__ = str.__format__
-
-        def __reduce_ex__(self, protocol):
-            return type(self), (self._value_,)
 
         def __copy__(self):
             return self

@@ -31,7 +31,7 @@ from ._exhaustion import RateLimitedLog, accept_forever, exhaustion_error
 from ._paths import Layout
 from ._protocol import encode, fail
 from ._sdactivate import InheritedListener
-from ._trust import prove_socket_dir
+from ._trust import bind_private, prove_socket_dir
 from .timing import Timing
 
 log = logging.getLogger("trio_agentd.supervisor")
@@ -129,17 +129,7 @@ class SupervisorSocket:
                 )
             finally:
                 probe.close()
-        raw = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            raw.bind(path)  # socket file mode 0600
-        except BaseException:
-            raw.close()
-            raise
-        finally:
-            os.umask(old)
-        raw.listen(128)
-        self.listen_sock = trio.socket.from_stdlib_socket(raw)
+        self.listen_sock = trio.socket.from_stdlib_socket(bind_private(path))
         self._bound_ino = os.stat(path).st_ino
         self._bound_by_us = True
 

@@ -22,6 +22,7 @@ from ._paths import FIX_HOME
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Mapping
     from typing import Protocol
 
@@ -117,6 +118,31 @@ def prove_peer(sock: _Socket, path: str) -> None:
             "socket", path, f"is served by a process of uid {uid}, not yours (uid {os.getuid()})",
             "stop that process or use another --socket",
         )
+
+
+def bind_private(path: str, backlog: int = 128) -> socket.socket:
+    """A Unix stream socket bound at ``path`` with mode 0600 (nobody else may connect) and
+    listening; the caller has proven the dir and dealt with what was at the path. Bound on the
+    caller's thread: the path is in the daemon's private socket dir, so the lookup does not
+    block (trio's ``bind`` of a path runs in a thread, whose start costs more).
+
+    Raises:
+        OSError: the bind or listen failed (the socket is closed).
+    """
+    import socket
+
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            raw.bind(path)
+        finally:
+            os.umask(old)
+        raw.listen(backlog)
+    except BaseException:
+        raw.close()
+        raise
+    return raw
 
 
 def make_private_dirs(path: str | os.PathLike[str], *, private: bool = False) -> None:

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import signal
-import socket as _socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -154,20 +153,11 @@ def listen_unix(path: str) -> trio.SocketListener:
     and nothing else runs in the worker yet, so nothing can wait behind it, while a worker's
     first thread is a good part of the time from its gate to ``ready`` (so also of a
     respawn after a ``kill -9``)."""
-    raw = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        old_umask = os.umask(0o177)
-        try:
-            raw.bind(path)
-        finally:
-            os.umask(old_umask)
-        raw.listen(128)
-    except BaseException:
-        raw.close()
-        raise
-    return trio.SocketListener(trio.socket.from_stdlib_socket(raw))
+    from ._trust import bind_private
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return trio.SocketListener(trio.socket.from_stdlib_socket(bind_private(path)))
 
 
 # what a worker does on each signal it handles (docs/operations.md has the table): these stop it

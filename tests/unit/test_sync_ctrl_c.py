@@ -13,16 +13,7 @@ from trio_agentd import _syncclient
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._paths import Layout
 
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
+from .test_sync_retry_window import _Clock
 
 
 class _Conn:
