@@ -29,11 +29,11 @@ hands over at once: running turns go on in their workers).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
 from ._defaults import CLIENT, HANDOVER_EXIT_GRACE, HANDOVER_POLL, ClientTiming
+from ._earlytemplate import default_signals
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
 from ._version import APP_VERSION, PROTOCOL_VERSION
@@ -59,16 +59,51 @@ _INTERNAL_ENV = frozenset({"TRIO_AGENTD_ADMISSION_TICKET", "TRIO_AGENTD_REGISTRY
                            "TRIO_AGENTD_HOME", "TRIO_AGENTD_SOCKET", READY_FD_ENV})
 
 
+class Spawned:
+    """A supervisor :func:`spawn_daemon` started: its pid, and its exit status once it has
+    exited (:meth:`poll`, which reaps it)."""
+
+    __slots__ = ("pid", "returncode")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """Its exit status if it has exited (reaped now), else ``None``."""
+        if self.returncode is None:
+            try:
+                got, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 0  # reaped by someone else (as ``Popen.poll`` takes it)
+            else:
+                if got:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+# the supervisors this process spawned that may still run: reaped by the next spawn once they
+# have exited (a long-lived client that autostarts more than once keeps no zombie beyond that)
+_spawned: list[Spawned] = []
+
+
 def spawn_daemon(
     layout: Layout, *, extra_env: dict[str, str] | None = None, ready_pipe: bool = False
-) -> subprocess.Popen[bytes]:
-    """Start ``trio-agentd daemon --autostarted`` detached, stdio to the daemon log;
-    ``ready_pipe``: with a readiness pipe, for :func:`wait_for_news`."""
-    from ._fs import ensure_dir, open_trusted
-    from ._trust import isolated_python
+) -> Spawned:
+    """Start ``trio-agentd daemon --autostarted`` detached (a new session, cwd ``/``), stdin
+    ``/dev/null``, stdout and stderr the daemon log, no descriptor of ours but the readiness
+    pipe's write end (``ready_pipe``: for :func:`wait_for_news`).
 
+    Started with ``posix_spawn``, not ``subprocess``: a cold prompt does not import it (nor
+    ``threading``, which would cost the CLI the interpreter's teardown at its exit). The
+    daemon moves to ``/`` itself first thing (``posix_spawn`` cannot set a working
+    directory; the daemon never holds the client's cwd, or its mount, busy)."""
+    from ._earlytemplate import close_actions, isolated_python, stdio_actions
+    from ._fs import ensure_dir, open_trusted
+
+    _spawned[:] = [p for p in _spawned if p.poll() is None]
     try:
-        ensure_dir(layout.state_dir)
+        ensure_dir(layout.state_dir_name)
     except AgentdError as exc:
         if exc.code != ErrorCode.CONFIG:
             raise
@@ -76,7 +111,7 @@ def spawn_daemon(
             exc.code, f"{exc.message} (the home {layout.home} comes from"
             f" {layout.home_origin()}; --home and TRIO_AGENTD_HOME choose another)", exc.details,
         ) from None
-    log_fd = open_trusted(layout.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    log_fd = open_trusted(layout.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     offset = os.fstat(log_fd).st_size  # what this start writes comes after: its own lines
     # the daemon's own variables name this layout; nothing internal is left for its agents
     env = {k: v for k, v in os.environ.items() if k not in _INTERNAL_ENV}
@@ -90,20 +125,20 @@ def spawn_daemon(
             ready_r, ready_w = os.pipe()
     if ready_w is not None:
         env[READY_FD_ENV] = str(ready_w)
+    argv = [*isolated_python("trio_agentd"), "--socket", layout.socket,
+            "--home", layout.home_dir, "--registry", layout.registry_dir,
+            "daemon", "--autostarted"]
     try:
-        proc = subprocess.Popen(
-            [*isolated_python("trio_agentd"), "--socket", layout.socket,
-             "--home", str(layout.home), "--registry", str(layout.registry),
-             "daemon", "--autostarted"],
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            start_new_session=True,
-            close_fds=True,
-            cwd="/",  # the daemon never holds the client's cwd (or its mount) busy
-            env=env,
-            pass_fds=() if ready_w is None else (ready_w,),
-        )
+        if ready_w is not None:
+            os.set_inheritable(ready_w, True)  # (closed here right after the spawn)
+        keep = set() if ready_w is None else {ready_w}
+        stdio, copies = stdio_actions(os.devnull, log_fd, log_fd)
+        try:
+            pid = os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=default_signals(),
+                                 file_actions=[*stdio, *close_actions(exclude=keep)])
+        finally:
+            for fd in copies:
+                os.close(fd)
     except BaseException:
         if ready_r is not None:
             os.close(ready_r)
@@ -112,6 +147,8 @@ def spawn_daemon(
         os.close(log_fd)
         if ready_w is not None:
             os.close(ready_w)  # the daemon's alone: its exit is the pipe's end of file
+    proc = Spawned(pid)
+    _spawned.append(proc)
     _log_offsets[proc.pid] = offset
     if ready_r is not None:
         _ready_pipes[proc.pid] = ready_r
@@ -122,7 +159,7 @@ def spawn_daemon(
 _ready_pipes: dict[int, int] = {}
 
 
-def wait_for_news(proc: subprocess.Popen[bytes] | None, seconds: float) -> None:
+def wait_for_news(proc: Spawned | None, seconds: float) -> None:
     """Wait ``seconds`` before the next probe, or less: until ``proc`` (a supervisor spawned
     here) writes ``ready`` on its readiness pipe or exits (end of file). Once it has said
     either, its pipe is closed and later waits are plain sleeps."""
@@ -138,7 +175,7 @@ def wait_for_news(proc: subprocess.Popen[bytes] | None, seconds: float) -> None:
         drop_ready_pipe(proc)
 
 
-def drop_ready_pipe(proc: subprocess.Popen[bytes] | None) -> None:
+def drop_ready_pipe(proc: Spawned | None) -> None:
     """Close our end of ``proc``'s readiness pipe (if it has one still)."""
     fd = _ready_pipes.pop(proc.pid, None) if proc is not None else None
     if fd is not None:
@@ -278,7 +315,7 @@ def autostart_and_wait(
     # a fresh machine has no socket dir yet; one that fails the proof is refused, never reused
     make_private_dirs(layout.socket_dir, private=True)
     lock_path = layout.socket + ".autostart"
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Spawned | None = None
     lock_fd: int | None = None
     try:
         while time.monotonic() < deadline:
@@ -409,7 +446,7 @@ def hand_over(
     deadline = start + wait + HANDOVER_EXIT_GRACE + timing.startup_timeout
     lock_path = layout.socket + ".autostart"
     lock_fd: int | None = None
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Spawned | None = None
     said_busy = False
     try:
         while True:

@@ -68,11 +68,12 @@ def cmd_daemon(layout: Layout, args: argparse.Namespace) -> NoReturn:
 
 
 def _run_daemon(layout: Layout, args: argparse.Namespace) -> int:
+    from . import _earlytemplate
     from ._autostart import take_ready_fd
-    from ._forkserver import start_early
 
     ready_fd = take_ready_fd(os.environ)  # (before anything is started: nothing inherits it)
-    start_early()  # the worker fork template starts beside the imports below, not after them
+    # the worker fork template starts beside the imports below, not after them
+    _earlytemplate.start()
     import logging
 
     from ._trioimport import import_trio

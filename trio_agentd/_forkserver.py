@@ -20,12 +20,15 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._forktemplate import HEADER, MAX_MESSAGE, TEMPLATE_FLAG, interpreter_env
+from . import _earlytemplate
+from ._earlytemplate import TEMPLATE_FLAG, isolated_python
+from ._forktemplate import HEADER, MAX_MESSAGE, interpreter_env
 
 # its timing: see trio_agentd.timing
 from .timing import FORK_TEMPLATE_EXIT_POLL as EXIT_POLL
@@ -41,76 +44,35 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_agentd.supervisor")
 
-# a template started by :func:`start_early` before the daemon's own imports, for its first
-# :class:`ForkServer` to take: (the process, our end of its socket, the environment it got)
-_early: tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]] | None = None
-# what a template must not inherit from a daemon a service manager started (the supervisor
-# takes these for itself and removes them before anything else is started)
-_MANAGER_VARIABLES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
-                      "LISTEN_PID", "LISTEN_FDNAMES")
-
-
-def start_early() -> None:
-    """Start the daemon's fork template now, before the daemon imports trio and its own
-    modules: its Python start and imports run beside the supervisor's, instead of after them
-    (``trio-agentd daemon`` calls this first). Plain ``subprocess``, no trio; a failure to
-    start it is not an error (the first worker start starts one). If the daemon exits
-    without taking it, its socket closes and it exits. Not under socket activation
-    (``LISTEN_FDS`` set): there the first worker start starts the template."""
-    global _early
-    if _early is not None:
-        return  # started already (an autostarted daemon starts it before its parser)
-    if os.environ.get("LISTEN_FDS"):
-        # socket activation: fds 3 and up are the service manager's until the daemon has taken
-        # its listener; a socketpair opened now could sit on fd 3 in place of one that was not
-        # passed, and the activation check would judge our own socket
-        return
-    from ._trust import isolated_python
-
-    env = {k: v for k, v in os.environ.items() if k not in _MANAGER_VARIABLES}
-    try:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    except OSError:
-        return
-    try:
-        proc = subprocess.Popen(
-            [*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
-            stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/", env=env,
-        )
-    except OSError:
-        ours.close()
-        return
-    finally:
-        theirs.close()
-    _early = (proc, ours, env)
-
-
-def _take_early() -> tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]] | None:
-    global _early
-    early, _early = _early, None
-    return early
-
-
 class _EarlyProcess:
-    """A template started by :func:`start_early` (a ``subprocess.Popen``), with the little of
-    ``trio.Process`` the fork server uses; its exit is waited for with a pidfd."""
+    """A template :mod:`._earlytemplate` started before the daemon's imports, with the little
+    of ``trio.Process`` the fork server uses; its exit is waited for with a pidfd."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._popen = popen
-        self.pid = popen.pid
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._status: int | None = None
 
     @property
     def returncode(self) -> int | None:
-        return self._popen.poll()
+        if self._status is None:
+            try:
+                got, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self._status = 0  # reaped already (as ``Popen.poll`` takes it)
+            else:
+                if got:
+                    self._status = os.waitstatus_to_exitcode(status)
+        return self._status
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self._popen.kill()
+        if self.returncode is None:  # (never a signal to a reaped pid, which may be reused)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
     async def wait(self) -> int:
         import trio
 
-        while self._popen.poll() is None:
+        while (status := self.returncode) is None:
             try:
                 fd = os.pidfd_open(self.pid)
             except OSError:
@@ -120,7 +82,7 @@ class _EarlyProcess:
                 await trio.lowlevel.wait_readable(fd)
             finally:
                 os.close(fd)
-        return self._popen.wait()
+        return status
 
 
 @dataclass(slots=True)
@@ -224,13 +186,12 @@ class ForkServer:
         """
         import trio
 
-        from ._trust import isolated_python
-
         self._proc = None
-        early = _take_early()
+        early = _earlytemplate.take()
         if early is not None:
-            popen, ours, self._env = early
-            self._proc = _EarlyProcess(popen)
+            ours = socket.socket(fileno=early.sock_fd)
+            self._env = early.env
+            self._proc = _EarlyProcess(early.pid)
         else:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             self._env = dict(os.environ)

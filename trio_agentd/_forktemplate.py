@@ -42,11 +42,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ._earlytemplate import TEMPLATE_FLAG as TEMPLATE_FLAG
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import trio
 
-TEMPLATE_FLAG = "--template"
 HEADER = struct.Struct("!I")
 # the most a request or a reply may be (the environment is the big part): bounded buffers
 MAX_MESSAGE = 4 * 1024 * 1024
@@ -368,6 +369,10 @@ def serve_template() -> None:
     # Ctrl-C on a foreground supervisor reaches its process group: the template ends with
     # the supervisor (its socket closes), never with a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # started by posix_spawn (see _earlytemplate), which cannot set a working directory: the
+    # template never holds the daemon's (a foreground daemon's is the user's) busy
+    with contextlib.suppress(OSError):
+        os.chdir("/")
     # the workers and spares it forks are its children: the kernel reaps them (no zombies,
     # no wait for one); each sets SIGCHLD back to the default at once
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)

@@ -221,7 +221,7 @@ def _locked_sync(path: str | os.PathLike[str]) -> Iterator[int]:
         unlock(fd)
 
 
-def ensure_dir(path: Path) -> None:
+def ensure_dir(path: str | Path) -> None:
     """Create a state dir (and its missing parents) 0700 whatever the umask, and prove it ours.
 
     Raises:

@@ -304,7 +304,20 @@ class Layout:
 
     @property
     def state_dir(self) -> Path:
-        return self.home / "daemons" / self.key
+        from pathlib import Path
+
+        return Path(self.state_dir_name)
+
+    @property
+    def state_dir_name(self) -> str:
+        """:attr:`state_dir` as a string, without importing ``pathlib`` (a cold prompt's
+        autostart needs only it and :attr:`log_file`)."""
+        return os.path.join(self.home_dir, "daemons", self.key)
+
+    @property
+    def log_file(self) -> str:
+        """:attr:`log_path` as a string, without importing ``pathlib``."""
+        return os.path.join(self.state_dir_name, "daemon.log")
 
     @property
     def workers_dir(self) -> Path:

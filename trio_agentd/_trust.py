@@ -17,6 +17,7 @@ import os
 import stat
 import sys
 
+from ._earlytemplate import isolated_python as isolated_python
 from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import FIX_HOME
 
@@ -190,12 +191,6 @@ def make_private_dirs(path: str | os.PathLike[str], *, private: bool = False) ->
             f" fix it (chmod 700 {target})",
             {"path": target, "untrusted": problem},
         )
-
-
-def isolated_python(module: str) -> list[str]:
-    """The argv prefix of every process we start: nothing imported from the cwd (``-P``) or
-    from ``PYTHON*`` variables (``-E``); the installed package and its dependencies only."""
-    return [sys.executable, "-E", "-P", "-m", module]
 
 
 # --- what reaches an agent ---------------------------------------------------------------------

@@ -52,12 +52,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run(argv: list[str]) -> int:
     """Run the command ``argv`` (without the program name); its exit status."""
     if argv[-2:] == ["daemon", "--autostarted"]:
-        # a supervisor a client autostarted, the first prompt waiting on it: its worker fork
-        # template (on that prompt's path) starts now, beside argparse and the imports its
-        # parser costs, not after them
-        from ._forkserver import start_early
+        # a supervisor a client autostarted, the first prompt waiting on it. It never holds
+        # the client's cwd (or its mount) busy: the client's posix_spawn could not set it
+        import os
 
-        start_early()
+        os.chdir("/")
+        # its worker fork template (on that prompt's path) starts now, beside argparse and
+        # the imports its parser costs, not after them
+        from . import _earlytemplate
+
+        _earlytemplate.start()
+        if (daemon := autostarted_args(argv)) is not None:
+            return _run_command(daemon, None)  # no argparse (~10 ms) before it serves
     argv = rewrite(argv)
     at = command_index(argv)
     if (look := look_args(argv, at)) is not None:
@@ -100,6 +106,20 @@ def run(argv: list[str]) -> int:
         args.home = prompt.home or args.home
         args.verbose = prompt.verbose or args.verbose
     return _run_command(args, prompt)
+
+
+def autostarted_args(argv: list[str]) -> Any:
+    """The arguments of ``--socket S --home H --registry R daemon --autostarted``, the one
+    form the CLI's autostart writes, read without argparse (a cold prompt waits on this
+    daemon); ``None`` for any other form, which argparse reads."""
+    if len(argv) != 8 or argv[0:8:2] != ["--socket", "--home", "--registry", "daemon"]:
+        return None
+    if argv[7] != "--autostarted" or any(v.startswith("-") for v in argv[1:7:2]):
+        return None
+    from types import SimpleNamespace
+
+    return SimpleNamespace(command="daemon", socket=argv[1], home=argv[3], registry=argv[5],
+                           verbose=False, autostarted=True, version=False)
 
 
 def _run_command(args: Any, prompt: PromptArgs | None) -> int:

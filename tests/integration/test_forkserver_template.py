@@ -333,3 +333,43 @@ async def test_the_pool_keeps_spares_by_demand_and_hands_each_out_once() -> None
         nursery.cancel_scope.cancel()
     # the supervisor stops: every spare's socket closes and each exits
     wait_for(lambda: not any(_alive(p) for p in kept), timeout=10, what="the spares to exit")
+
+
+def test_the_early_template_holds_only_its_socket_and_stdio_and_runs_in_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object,
+) -> None:
+    """The template an autostarted daemon starts first thing (``posix_spawn``, no
+    ``close_fds``) inherits none of the daemon's inheritable descriptors (an autostarted
+    daemon's readiness pipe is one: held by the template, its client would not see the
+    daemon exit) and leaves the daemon's working directory."""
+    from trio_agentd import _earlytemplate
+
+    monkeypatch.setattr(_earlytemplate, "_early", None)
+    monkeypatch.delenv("LISTEN_FDS", raising=False)
+    ready_r, ready_w = os.pipe()
+    os.set_inheritable(ready_w, True)
+    monkeypatch.chdir(str(tmp_path))
+    try:
+        _earlytemplate.start()
+    finally:
+        os.close(ready_w)
+    early = _earlytemplate.take()
+    assert early is not None
+    sock = socket.socket(fileno=early.sock_fd)
+    sock.settimeout(30)
+    try:
+        assert _recv(sock) == {"ready": early.pid}
+        fds = {int(n): os.readlink(f"/proc/{early.pid}/fd/{n}")
+               for n in os.listdir(f"/proc/{early.pid}/fd")}
+        pipe = os.readlink(f"/proc/self/fd/{ready_r}")  # the read end: same pipe inode
+        assert pipe not in fds.values(), fds
+        assert fds[1] == os.devnull
+        assert len([t for t in fds.values() if t.startswith("socket:")]) == 1, fds
+        assert os.readlink(f"/proc/{early.pid}/cwd") == "/"
+        # nobody else holds the readiness pipe's write end: its reader sees end of file
+        assert os.read(ready_r, 10) == b""
+    finally:
+        sock.close()
+        os.close(ready_r)
+        wait_for(lambda: not _alive(early.pid), timeout=10, what="the template to exit")
+        os.waitpid(early.pid, 0)

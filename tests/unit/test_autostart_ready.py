@@ -5,7 +5,6 @@ supervisor exits), not at its next probe tick; the supervisor's side takes the p
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -131,16 +130,19 @@ async def test_the_notifier_does_not_fail_when_its_client_is_gone() -> None:
 def test_spawn_daemon_passes_the_pipe_only_when_asked(monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: os.PathLike[str]) -> None:
     """Only the clients that wait for their supervisor open a readiness pipe (a restart's or
-    doctor's successor has nobody reading it)."""
+    doctor's successor has nobody reading it); the daemon gets no other descriptor of ours
+    that it could inherit, in a new session."""
     seen: list[dict[str, object]] = []
+    stray_r, stray_w = os.pipe()
+    os.set_inheritable(stray_w, True)  # as one this process inherited would be
 
-    class _Popen:
-        pid = -777
+    def posix_spawn(path: str, argv: list[str], env: dict[str, str], **kw: object) -> int:
+        inheritable = {fd for fd in map(int, os.listdir("/proc/self/fd"))
+                       if fd > 2 and _inheritable(fd)}
+        seen.append({"env": env, "inheritable": inheritable, **kw})
+        return -777
 
-        def __init__(self, argv: list[str], **kw: object) -> None:
-            seen.append(kw)
-
-    monkeypatch.setattr(subprocess, "Popen", _Popen)
+    monkeypatch.setattr(os, "posix_spawn", posix_spawn)
     from trio_agentd._paths import Layout
 
     layout = Layout.resolve(socket=f"{tmp_path}/d.sock", home=f"{tmp_path}/home",
@@ -150,17 +152,42 @@ def test_spawn_daemon_passes_the_pipe_only_when_asked(monkeypatch: pytest.Monkey
         env = seen[-1]["env"]
         assert isinstance(env, dict)
         assert READY_FD_ENV not in env
-        none = seen[-1]["pass_fds"]
-        assert none == ()
+        assert seen[-1]["setsid"] is True
+        closed = _closed(seen[-1])
+        assert stray_w in closed  # (close_fds: the daemon never holds it)
+        assert _fds(seen[-1]["inheritable"]) - closed == set()
         _autostart.spawn_daemon(layout, ready_pipe=True)
         env = seen[-1]["env"]
         assert isinstance(env, dict)
         fd = int(env[READY_FD_ENV])
-        assert seen[-1]["pass_fds"] == (fd,)
+        closed = _closed(seen[-1])
+        assert fd not in closed
+        assert stray_w in closed
+        assert _fds(seen[-1]["inheritable"]) - closed == {fd}  # the one descriptor it inherits
         with pytest.raises(OSError, match="Bad file descriptor"):
             os.fstat(fd)  # the write end is the daemon's alone: closed here
         assert -777 in _autostart._ready_pipes
     finally:
-        drop_ready_pipe(_Popen)  # type: ignore[arg-type]
+        os.close(stray_r)
+        os.close(stray_w)
+        drop_ready_pipe(_autostart.Spawned(-777))
         _autostart._log_offsets.pop(-777, None)
+        _autostart._spawned.clear()
 
+
+def _inheritable(fd: int) -> bool:
+    try:
+        return os.get_inheritable(fd)
+    except OSError:
+        return False
+
+
+def _fds(value: object) -> set[int]:
+    assert isinstance(value, set)
+    return value
+
+
+def _closed(call: dict[str, object]) -> set[int]:
+    actions = call["file_actions"]
+    assert isinstance(actions, list)
+    return {a[1] for a in actions if a[0] == os.POSIX_SPAWN_CLOSE}
