@@ -113,8 +113,22 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes | None:
         fd = open_trusted(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    with open(fd, "rb") as f:
-        return f.read()
+    try:
+        return read_all(fd)
+    finally:
+        os.close(fd)
+
+
+def read_all(fd: int) -> bytes:
+    """What is left to read of ``fd``, with plain reads (a small file takes two; a file
+    object would add an ``fstat``, an ``isatty`` ioctl and two ``lseek`` calls: the
+    supervisor reads its owner record on every command and four times a second)."""
+    parts: list[bytes] = []
+    size = 1 << 16
+    while chunk := os.read(fd, size):
+        parts.append(chunk)
+        size = min(size * 4, 1 << 24)  # (a big journal: few reads, not thousands)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _open_lock_file(path: str) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -69,6 +70,9 @@ class ServiceLoops:
     start_client: Callable[[trio.abc.Stream], None]
     # mtime of sessions/ at the last heal check
     _sessions_stamp: int | None = field(default=None, init=False)
+    # the dirs the heal check looks at, as strings (made once: the layout and generation never
+    # change, and four checks a second need no pathlib objects)
+    _heal_dirs: tuple[str, ...] = field(default=(), init=False)
     # sessions whose outdated worker is being replaced
     _replacing: set[str] = field(default_factory=set, init=False)
 
@@ -171,19 +175,20 @@ class ServiceLoops:
         them), this generation's proof of home, each session's metadata. One stat per dir per
         tick when nothing is missing; logged once per heal."""
         L = self.layout
+        if not self._heal_dirs:
+            self._heal_dirs = tuple(map(str, (
+                L.state_dir, L.journal_dir, L.generations_dir / self.generation, L.workers_dir,
+                L.sessions_dir)))
+        state_dir, journal_dir, mine, workers_dir, sessions_dir = self._heal_dirs
         try:
             healed: list[str] = []
-            for d in (L.state_dir, L.journal_dir):
-                if not d.is_dir():
+            for d in (state_dir, journal_dir, mine):
+                if not os.path.isdir(d):
                     _fs.ensure_dir(d)
-                    healed.append(str(d))
-            mine = L.generations_dir / self.generation
-            if not mine.is_dir():
-                _fs.ensure_dir(mine)
-                healed.append(str(mine))
-            if not L.workers_dir.is_dir():
-                _fs.ensure_dir(L.workers_dir)
-                healed.append(str(L.workers_dir))
+                    healed.append(d)
+            if not os.path.isdir(workers_dir):
+                _fs.ensure_dir(workers_dir)
+                healed.append(workers_dir)
                 for h in list(self.table.sessions.values()):
                     if h.token is not None:
                         _fs.atomic_write(L.token_path(h.session_id), h.token.encode())
@@ -191,7 +196,7 @@ class ServiceLoops:
             # per-session dirs only when the sessions dir changed (a subdir removed changes
             # its mtime): no stat per session on every 250 ms tick
             try:
-                stamp = L.sessions_dir.stat().st_mtime_ns
+                stamp = os.stat(sessions_dir).st_mtime_ns
             except FileNotFoundError:
                 stamp = None
             sessions = [] if stamp is not None and stamp == self._sessions_stamp else list(
@@ -210,7 +215,7 @@ class ServiceLoops:
             self.rl.error(("heal", str(exc)), "could not make the state dirs again: %s", exc)
             return
         with contextlib.suppress(OSError):
-            self._sessions_stamp = L.sessions_dir.stat().st_mtime_ns  # after our own writes
+            self._sessions_stamp = os.stat(sessions_dir).st_mtime_ns  # after our own writes
         if healed:
             log.warning("state removed under the running supervisor; made again from memory:"
                         " %s", ", ".join(healed))
