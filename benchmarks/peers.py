@@ -924,6 +924,38 @@ def lifecycle_ms(name: str, root: Path, tracker: Tracker, n: int, reps: int) -> 
             "programs": n, "reps": reps, "status_poll_s": LIFECYCLE_POLL}
 
 
+def startup_pair(rival: str, root: Path, tracker: Tracker, reps: int) -> Result:
+    """Startup of ``rival`` (start command with 1 program until its status first shows it
+    running, as in :func:`lifecycle_ms`) interleaved with a cold ``trio-agentd -p hi`` (a
+    fresh private environment, no daemon, until the reply is printed): A B A B …, so both
+    meet the same machine; the figure is the ratio of the medians."""
+    from ._common import private_env
+
+    theirs: list[float] = []
+    ours: list[float] = []
+    for i in range(reps):
+        one = _make(rival, root / f"pair{i}", 1, tracker)
+        t0 = time.perf_counter()
+        one.start(poll=LIFECYCLE_POLL)
+        theirs.append(time.perf_counter() - t0)
+        _stop_and_wait(one)
+        tracker.kill_all()
+        with private_env() as env:
+            t0 = time.perf_counter()
+            done = subprocess.run(env.cli("-p", "hi"), env=env.env, capture_output=True,
+                                  text=True, timeout=60, stdin=subprocess.DEVNULL)
+            dt = time.perf_counter() - t0
+            if done.returncode != 0 or "hi" not in done.stdout:
+                raise RuntimeError(f"cold trio-agentd -p hi failed ({done.returncode}): "
+                                   f"{_tail(done.stderr)}")
+            ours.append(dt)
+            env.run("shutdown")
+        tracker.reap_strays()  # (our supervisor, orphaned by its CLI, exits as our child)
+    return {"rival": rival, "rival_ms": _stats(theirs), "trio_agentd_ms": _stats(ours),
+            "ratio_of_medians": statistics.median(ours) / statistics.median(theirs),
+            "reps": reps}
+
+
 def _try(fn: Callable[[], Result]) -> Result:
     try:
         return fn()
@@ -958,6 +990,10 @@ def run(quick: bool = False) -> dict[str, Any]:
             for name in usable:
                 results[name]["lifecycle_ms"] = _try(functools.partial(
                     lifecycle_ms, name, root / "c" / name, tracker, big, 1 if quick else 3))
+                tracker.kill_all()
+            if "supervisord" in usable:
+                results["supervisord"]["startup_pair"] = _try(functools.partial(
+                    startup_pair, "supervisord", root / "d", tracker, 5 if quick else 15))
                 tracker.kill_all()
         finally:
             tracker.kill_all()
