@@ -84,7 +84,8 @@ class Diagnostics:
 
     def __init__(self) -> None:
         self.buffer = getattr(sys.stderr, "buffer", None)
-        self.closed = False
+        # no stderr at all (descriptor 2 closed when we started): as if nobody read it
+        self.closed = sys.stderr is None
 
     def write_bytes(self, data: bytes) -> None:
         if not data or self.closed:

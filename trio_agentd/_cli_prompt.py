@@ -64,6 +64,14 @@ def _signal_name(number: int) -> str:
 
 
 def cmd_prompt(layout: Layout, args: PromptArgs) -> int:
+    import sys
+
+    if sys.stdout is None:
+        # descriptor 1 was closed when we started: the answer would have nowhere to go, so
+        # the prompt is not sent (nothing runs)
+        error("stdout is closed (descriptor 1): the answer would have nowhere to go; nothing"
+              " was sent — run it with stdout open (>/dev/null to discard the answer)")
+        return EXIT_OWN
     text = args.text
     if text is None:
         text = read_prompt_from_stdin()

@@ -125,7 +125,8 @@ def autostarted_args(argv: list[str]) -> Any:
 def _run_command(args: Any, prompt: PromptArgs | None) -> int:
     try:
         code = _dispatch(args, prompt)
-        sys.stdout.flush()  # here, not at exit: a closed stdout must end us quietly
+        if sys.stdout is not None:  # (None: descriptor 1 was closed when we started)
+            sys.stdout.flush()  # here, not at exit: a closed stdout must end us quietly
         return code
     except StdoutClosed:
         return quiet_pipe_exit()

@@ -100,6 +100,38 @@ def test_closed_stdout_ends_quietly_with_status_141(denv: DaemonEnv) -> None:
     assert err == b""
 
 
+def test_a_stdout_closed_from_the_start_gets_one_line_and_runs_nothing(denv: DaemonEnv) -> None:
+    """``trio-agentd -p … >&-``: no traceback; the prompt is never sent (the answer would have
+    nowhere to go), so the session's next turn is still turn 1. A closed stderr only loses
+    the agent's diagnostics: the answer comes."""
+    err_r, err_w = os.pipe()
+    cp = subprocess.run(
+        [CLI, "-p", "-s", "closed", "hi"], env=denv.env, stdin=subprocess.DEVNULL,
+        stderr=err_w, timeout=60, preexec_fn=lambda: os.close(1),  # noqa: PLW1509
+    )
+    os.close(err_w)
+    with os.fdopen(err_r, "rb") as f:
+        err = f.read().decode()
+    assert cp.returncode == EXIT_OWN, err
+    assert err.startswith("trio-agentd: error: stdout is closed (descriptor 1)"), err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1
+    cp = subprocess.run(
+        [CLI, "-p", "-s", "closed", "--agent", "shell", "--", "echo out; echo diag >&2"],
+        env=denv.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, timeout=60,
+        preexec_fn=lambda: os.close(2),  # noqa: PLW1509
+    )
+    assert cp.returncode == 0
+    assert cp.stdout == b"out\n"  # (the session was made by this prompt: nothing ran before)
+    assert ok(cli(denv, "-p", "-s", "closed2", "x")) == "[echo turn 1] x\n"
+    # the other commands too: whatever they print goes nowhere, and no traceback
+    cp = subprocess.run([CLI, "sessions"], env=denv.env, stdin=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE, timeout=60,
+                        preexec_fn=lambda: os.close(1))  # noqa: PLW1509
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stderr == b""
+
+
 def test_answers_are_utf8_whatever_the_terminal_encoding(denv: DaemonEnv) -> None:
     cp = cli(denv, "-p", "héllo ✓ 日本", extra_env={"PYTHONIOENCODING": "ascii"})
     assert cp.returncode == 0, cp.stderr
