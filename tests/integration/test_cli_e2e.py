@@ -107,7 +107,7 @@ def test_a_stdout_closed_from_the_start_gets_one_line_and_runs_nothing(denv: Dae
     err_r, err_w = os.pipe()
     cp = subprocess.run(
         [CLI, "-p", "-s", "closed", "hi"], env=denv.env, stdin=subprocess.DEVNULL,
-        stderr=err_w, timeout=60, preexec_fn=lambda: os.close(1),  # noqa: PLW1509
+        stderr=err_w, timeout=60, preexec_fn=lambda: os.close(1),
     )
     os.close(err_w)
     with os.fdopen(err_r, "rb") as f:
@@ -119,7 +119,7 @@ def test_a_stdout_closed_from_the_start_gets_one_line_and_runs_nothing(denv: Dae
     cp = subprocess.run(
         [CLI, "-p", "-s", "closed", "--agent", "shell", "--", "echo out; echo diag >&2"],
         env=denv.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, timeout=60,
-        preexec_fn=lambda: os.close(2),  # noqa: PLW1509
+        preexec_fn=lambda: os.close(2),
     )
     assert cp.returncode == 0
     assert cp.stdout == b"out\n"  # (the session was made by this prompt: nothing ran before)
@@ -127,7 +127,7 @@ def test_a_stdout_closed_from_the_start_gets_one_line_and_runs_nothing(denv: Dae
     # the other commands too: whatever they print goes nowhere, and no traceback
     cp = subprocess.run([CLI, "sessions"], env=denv.env, stdin=subprocess.DEVNULL,
                         stderr=subprocess.PIPE, timeout=60,
-                        preexec_fn=lambda: os.close(1))  # noqa: PLW1509
+                        preexec_fn=lambda: os.close(1))
     assert cp.returncode == 0, cp.stderr
     assert cp.stderr == b""
 
