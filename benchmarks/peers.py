@@ -900,6 +900,17 @@ def _stop_and_wait(peer: Peer, timeout: float = 120) -> float:
     return dt
 
 
+def _start_one(name: str, root: Path, tracker: Tracker) -> float:
+    """Start ``name`` with 1 program, until its status first shows it running; then stop it.
+    The start's seconds."""
+    one = _make(name, root, 1, tracker)
+    t0 = time.perf_counter()
+    one.start(poll=LIFECYCLE_POLL)
+    dt = time.perf_counter() - t0
+    _stop_and_wait(one)
+    return dt
+
+
 def lifecycle_ms(name: str, root: Path, tracker: Tracker, n: int, reps: int) -> Result:
     """Startup (no daemon) → 1 program reported running; launch → ``n`` reported running;
     clean stop with ``n`` → daemon and programs gone. The clock of a start runs from the
@@ -909,11 +920,7 @@ def lifecycle_ms(name: str, root: Path, tracker: Tracker, n: int, reps: int) -> 
     launch: list[float] = []
     stop: list[float] = []
     for i in range(reps):
-        one = _make(name, root / f"one{i}", 1, tracker)
-        t0 = time.perf_counter()
-        one.start(poll=LIFECYCLE_POLL)
-        startup.append(time.perf_counter() - t0)
-        _stop_and_wait(one)
+        startup.append(_start_one(name, root / f"one{i}", tracker))
         many = _make(name, root / f"many{i}", n, tracker)
         t0 = time.perf_counter()
         many.start(poll=LIFECYCLE_POLL)
@@ -934,11 +941,7 @@ def startup_pair(rival: str, root: Path, tracker: Tracker, reps: int) -> Result:
     theirs: list[float] = []
     ours: list[float] = []
     for i in range(reps):
-        one = _make(rival, root / f"pair{i}", 1, tracker)
-        t0 = time.perf_counter()
-        one.start(poll=LIFECYCLE_POLL)
-        theirs.append(time.perf_counter() - t0)
-        _stop_and_wait(one)
+        theirs.append(_start_one(rival, root / f"pair{i}", tracker))
         tracker.kill_all()
         with private_env() as env:
             t0 = time.perf_counter()
