@@ -145,11 +145,13 @@ def _supervisor(env: Env) -> tuple[int, str] | None:
 
 
 def _workers(env: Env) -> dict[str, tuple[int, str | None]]:
-    """session → (pid, start id) from every descriptor."""
+    """session → (pid, start id) from every descriptor with a worker (a session whose worker
+    has not been started yet has a descriptor without a pid: it is left out)."""
     out: dict[str, tuple[int, str | None]] = {}
     for path in (env.home / "daemons").glob("*/workers/*.json"):
         desc = json.loads(path.read_bytes())
-        out[str(desc["session"])] = (int(desc["pid"]), desc.get("start_id"))
+        if isinstance(desc.get("pid"), int):
+            out[str(desc["session"])] = (desc["pid"], desc.get("start_id"))
     return out
 
 
@@ -226,6 +228,9 @@ def supervisor_kill(n: int, reps: int, modes: tuple[int, ...]) -> list[dict[str,
         t0 = time.perf_counter()
         pool.run(sessions, _create)
         created_s = time.perf_counter() - t0
+        # a created session's worker starts on its own time: one answered prompt each means
+        # every worker runs, and its descriptor names it (what the kills must find adopted)
+        pool.run(sessions, _prompt("up"))
         workers = _workers(env)
         if sorted(workers) != sessions:
             raise BenchError(f"N={n}: expected {n} descriptors, found {len(workers)}")
