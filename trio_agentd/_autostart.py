@@ -33,7 +33,7 @@ import sys
 import time
 
 from ._defaults import CLIENT, HANDOVER_EXIT_GRACE, HANDOVER_POLL, ClientTiming
-from ._earlytemplate import default_signals
+from ._earlytemplate import Child, default_signals
 from ._errors import AgentdError, ErrorCode
 from ._paths import Layout
 from ._version import APP_VERSION, PROTOCOL_VERSION
@@ -59,37 +59,14 @@ _INTERNAL_ENV = frozenset({"TRIO_AGENTD_ADMISSION_TICKET", "TRIO_AGENTD_REGISTRY
                            "TRIO_AGENTD_HOME", "TRIO_AGENTD_SOCKET", READY_FD_ENV})
 
 
-class Spawned:
-    """A supervisor :func:`spawn_daemon` started: its pid, and its exit status once it has
-    exited (:meth:`poll`, which reaps it)."""
-
-    __slots__ = ("pid", "returncode")
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        """Its exit status if it has exited (reaped now), else ``None``."""
-        if self.returncode is None:
-            try:
-                got, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.returncode = 0  # reaped by someone else (as ``Popen.poll`` takes it)
-            else:
-                if got:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
 # the supervisors this process spawned that may still run: reaped by the next spawn once they
 # have exited (a long-lived client that autostarts more than once keeps no zombie beyond that)
-_spawned: list[Spawned] = []
+_spawned: list[Child] = []
 
 
 def spawn_daemon(
     layout: Layout, *, extra_env: dict[str, str] | None = None, ready_pipe: bool = False
-) -> Spawned:
+) -> Child:
     """Start ``trio-agentd daemon --autostarted`` detached (a new session, cwd ``/``), stdin
     ``/dev/null``, stdout and stderr the daemon log, no descriptor of ours but the readiness
     pipe's write end (``ready_pipe``: for :func:`wait_for_news`).
@@ -147,7 +124,7 @@ def spawn_daemon(
         os.close(log_fd)
         if ready_w is not None:
             os.close(ready_w)  # the daemon's alone: its exit is the pipe's end of file
-    proc = Spawned(pid)
+    proc = Child(pid)
     _spawned.append(proc)
     _log_offsets[proc.pid] = offset
     if ready_r is not None:
@@ -159,7 +136,7 @@ def spawn_daemon(
 _ready_pipes: dict[int, int] = {}
 
 
-def wait_for_news(proc: Spawned | None, seconds: float) -> None:
+def wait_for_news(proc: Child | None, seconds: float) -> None:
     """Wait ``seconds`` before the next probe, or less: until ``proc`` (a supervisor spawned
     here) writes ``ready`` on its readiness pipe or exits (end of file). Once it has said
     either, its pipe is closed and later waits are plain sleeps."""
@@ -175,7 +152,7 @@ def wait_for_news(proc: Spawned | None, seconds: float) -> None:
         drop_ready_pipe(proc)
 
 
-def drop_ready_pipe(proc: Spawned | None) -> None:
+def drop_ready_pipe(proc: Child | None) -> None:
     """Close our end of ``proc``'s readiness pipe (if it has one still)."""
     fd = _ready_pipes.pop(proc.pid, None) if proc is not None else None
     if fd is not None:
@@ -315,7 +292,7 @@ def autostart_and_wait(
     # a fresh machine has no socket dir yet; one that fails the proof is refused, never reused
     make_private_dirs(layout.socket_dir, private=True)
     lock_path = layout.socket + ".autostart"
-    proc: Spawned | None = None
+    proc: Child | None = None
     lock_fd: int | None = None
     try:
         while time.monotonic() < deadline:
@@ -446,7 +423,7 @@ def hand_over(
     deadline = start + wait + HANDOVER_EXIT_GRACE + timing.startup_timeout
     lock_path = layout.socket + ".autostart"
     lock_fd: int | None = None
-    proc: Spawned | None = None
+    proc: Child | None = None
     said_busy = False
     try:
         while True:

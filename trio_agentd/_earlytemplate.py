@@ -47,6 +47,29 @@ class Early:
 _early: Early | None = None
 
 
+class Child:
+    """A child :func:`os.posix_spawn` started: its pid, and its exit status once it has exited
+    (:meth:`poll`, which reaps it; as ``subprocess.Popen.poll``)."""
+
+    __slots__ = ("pid", "returncode")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """Its exit status if it has exited (reaped now), else ``None``."""
+        if self.returncode is None:
+            try:
+                got, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 0  # reaped by someone else (as ``Popen.poll`` takes it)
+            else:
+                if got:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
 def start() -> None:
     """Start the template now (once; later calls do nothing). A failure to start it is not an
     error: the fork server's first start starts one. Not under socket activation

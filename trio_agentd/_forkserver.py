@@ -50,19 +50,11 @@ class _EarlyProcess:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self._status: int | None = None
+        self._child = _earlytemplate.Child(pid)
 
     @property
     def returncode(self) -> int | None:
-        if self._status is None:
-            try:
-                got, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self._status = 0  # reaped already (as ``Popen.poll`` takes it)
-            else:
-                if got:
-                    self._status = os.waitstatus_to_exitcode(status)
-        return self._status
+        return self._child.poll()
 
     def kill(self) -> None:
         if self.returncode is None:  # (never a signal to a reaped pid, which may be reused)

@@ -18,6 +18,7 @@ from trio_agentd._autostart import (
     take_ready_fd,
     wait_for_news,
 )
+from trio_agentd._earlytemplate import Child
 
 LONG = 30.0  # a probe tick no test may wait out
 
@@ -170,7 +171,7 @@ def test_spawn_daemon_passes_the_pipe_only_when_asked(monkeypatch: pytest.Monkey
     finally:
         os.close(stray_r)
         os.close(stray_w)
-        drop_ready_pipe(_autostart.Spawned(-777))
+        drop_ready_pipe(Child(-777))
         _autostart._log_offsets.pop(-777, None)
         _autostart._spawned.clear()
 

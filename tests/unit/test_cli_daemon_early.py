@@ -117,3 +117,37 @@ def test_a_failed_spawn_leaves_nothing_open(monkeypatch: pytest.MonkeyPatch) -> 
     _earlytemplate.start()
     assert _earlytemplate.take() is None
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+def _wait_exit(pid: int) -> None:
+    """Until ``pid`` (our child) has exited, without reaping it (a pidfd turns readable)."""
+    import select
+
+    fd = os.pidfd_open(pid)
+    try:
+        assert select.select([fd], [], [], 30)[0], "the child did not exit in 30 s"
+    finally:
+        os.close(fd)
+
+
+def test_a_spawned_child_reports_its_status_once_reaped() -> None:
+    """:class:`_earlytemplate.Child` (what ``posix_spawn`` gives the autostart and the fork
+    server in place of a ``Popen``): ``None`` while it runs, then its status, as
+    ``Popen.poll`` gives it (a signal as its negative number), reaped once."""
+    import signal
+    import sys
+
+    slow = os.posix_spawn(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)"],
+                          dict(os.environ))
+    child = _earlytemplate.Child(slow)
+    assert child.poll() is None
+    os.kill(slow, signal.SIGKILL)
+    _wait_exit(slow)
+    assert child.poll() == -signal.SIGKILL
+    assert child.poll() == -signal.SIGKILL  # (reaped: asked again, the same answer)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(slow, os.WNOHANG)
+    done = os.posix_spawn(sys.executable, [sys.executable, "-c", "raise SystemExit(3)"],
+                          dict(os.environ))
+    _wait_exit(done)
+    assert _earlytemplate.Child(done).poll() == 3
