@@ -19,15 +19,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import _defaults
+from ._defaults import ENV_LOG_BACKUPS, ENV_LOG_MAX_BYTES, ENV_OUTPUT_MAX_BYTES
 from ._errors import AgentdError, ErrorCode
 from ._plain import Frozen
 from .timing import DEFAULT_TIMING, Timing, TimingError, check_override
 
 ENV_TIMING = "TRIO_AGENTD_TIMING"
 ENV_SELF_HEAL = "TRIO_AGENTD_SELF_HEAL"
-ENV_LOG_MAX_BYTES = "TRIO_AGENTD_LOG_MAX_BYTES"
-ENV_LOG_BACKUPS = "TRIO_AGENTD_LOG_BACKUPS"
-ENV_OUTPUT_MAX_BYTES = "TRIO_AGENTD_OUTPUT_MAX_BYTES"
 DEFAULT_AGENT = "echo"
 
 

@@ -74,11 +74,14 @@ CLIENT = ClientTiming()
 # beyond LOG_BACKUPS is deleted. Environment: TRIO_AGENTD_LOG_MAX_BYTES, TRIO_AGENTD_LOG_BACKUPS
 # (whole numbers; LOG_MAX_BYTES 0 turns rotation off).
 LOG_MAX_BYTES = 50 * 1024 * 1024
+ENV_LOG_MAX_BYTES = "TRIO_AGENTD_LOG_MAX_BYTES"
+ENV_LOG_BACKUPS = "TRIO_AGENTD_LOG_BACKUPS"
 LOG_BACKUPS = 10
 # a session keeps its turns' spilled output files (sessions/<s>/output/) up to this many bytes
 # in all: past it, the oldest turns' files go (the newest turn's stay whatever their size).
 # Environment: TRIO_AGENTD_OUTPUT_MAX_BYTES (a whole number; 0 keeps every file).
 OUTPUT_MAX_BYTES = 2 * 1024 * 1024 * 1024
+ENV_OUTPUT_MAX_BYTES = "TRIO_AGENTD_OUTPUT_MAX_BYTES"
 # a `logs -f` follower may be this many bytes of live output behind before the worker drops it
 # (the turn never waits for a follower)
 FOLLOW_MAX_BYTES = 4 * 1024 * 1024

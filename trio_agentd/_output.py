@@ -13,7 +13,7 @@ that, in a file of its own that the records point to (``output``, ``stderr_outpu
 record grows with it. ``bytes`` and ``stderr_bytes`` give each stream's size.
 
 What a session keeps of its turns' files is bounded: once a spilled turn has ended, the oldest
-turns' files go while the session's together take more than :data:`KEEP_BYTES`
+turns' files go while the session's together take more than ``logs.output_max_bytes``
 (:func:`prune`). The newest turn's stay whatever their size. A resend of a command whose
 output went is answered ``storage_error`` (it ran; its output is no longer kept), and ``logs``
 says the file is gone.
@@ -36,7 +36,6 @@ from typing import Any
 from . import _fs
 
 INLINE_MAX = 64 * 1024  # bytes of a reply kept in the records themselves
-KEEP_BYTES = 2 << 30  # bytes of a session's spilled output kept, the newest turns' (see prune)
 CHUNK_MAX = 256 * 1024  # bytes per chunk event (≈ 342 KiB of base64 in a 1 MiB frame)
 RAW_CHUNK_MAX = CHUNK_MAX  # bytes per raw chunk sent from a file (what a client buffers is
 # counted in chunks, so a chunk is no bigger raw than base64)

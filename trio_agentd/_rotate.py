@@ -14,12 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _defaults
+from ._defaults import ENV_LOG_BACKUPS, ENV_LOG_MAX_BYTES, ENV_OUTPUT_MAX_BYTES
 from ._fs import write_all
 from ._storage import errno_name
-
-ENV_MAX_BYTES = "TRIO_AGENTD_LOG_MAX_BYTES"
-ENV_BACKUPS = "TRIO_AGENTD_LOG_BACKUPS"
-ENV_OUTPUT_MAX_BYTES = "TRIO_AGENTD_OUTPUT_MAX_BYTES"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +35,8 @@ def limits_from_env(env: dict[str, str] | None = None) -> Limits:
         ValueError: a value that is not a whole number >= 0 (backups >= 1), naming it.
     """
     source = os.environ if env is None else env
-    max_bytes = _whole(source, ENV_MAX_BYTES, _defaults.LOG_MAX_BYTES, 0)
-    backups = _whole(source, ENV_BACKUPS, _defaults.LOG_BACKUPS, 1)
+    max_bytes = _whole(source, ENV_LOG_MAX_BYTES, _defaults.LOG_MAX_BYTES, 0)
+    backups = _whole(source, ENV_LOG_BACKUPS, _defaults.LOG_BACKUPS, 1)
     output = _whole(source, ENV_OUTPUT_MAX_BYTES, _defaults.OUTPUT_MAX_BYTES, 0)
     return Limits(max_bytes, backups, output)
 

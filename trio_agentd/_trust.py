@@ -17,6 +17,7 @@ import os
 import stat
 import sys
 
+from ._defaults import ENV_LOG_BACKUPS, ENV_LOG_MAX_BYTES, ENV_OUTPUT_MAX_BYTES
 from ._earlytemplate import isolated_python as isolated_python
 from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import FIX_HOME
@@ -197,8 +198,8 @@ def make_private_dirs(path: str | os.PathLike[str], *, private: bool = False) ->
 
 # the daemon's own knobs a worker reads at start (and then removes from its environment)
 WORKER_KNOBS = (
-    "TRIO_AGENTD_TIMING", "TRIO_AGENTD_REFENCE_POLL", "TRIO_AGENTD_LOG_MAX_BYTES",
-    "TRIO_AGENTD_LOG_BACKUPS", "TRIO_AGENTD_OUTPUT_MAX_BYTES",
+    "TRIO_AGENTD_TIMING", "TRIO_AGENTD_REFENCE_POLL", ENV_LOG_MAX_BYTES, ENV_LOG_BACKUPS,
+    ENV_OUTPUT_MAX_BYTES,
 )
 
 

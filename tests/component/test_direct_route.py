@@ -123,6 +123,12 @@ class World:
     async def start(self) -> None:
         await self.nursery.start(self.core.serve)
 
+    async def serving(self) -> SupervisorEnd:
+        """The core started and serving supervisor generation g1 (pid 100): where most tests
+        begin."""
+        await self.start()
+        return await self.supervisor(self.owner("g1", 100))
+
     def owner(self, generation: str, pid: int) -> OwnerRecord:
         return self.registry.add_owner(
             generation=generation, pid=pid, start_id=f"boot:{pid}", socket=SOCKET
@@ -289,8 +295,7 @@ async def test_client_with_a_valid_grant_prompts_directly_and_supervisor_hears_t
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
     w = World(nursery)
-    await w.start()
-    sup = await w.supervisor(w.owner("g1", 100))
+    sup = await w.serving()
     client = await w.attached(grant("g1"))
 
     await client.prompt(1, "hello")
@@ -327,8 +332,7 @@ async def test_a_streamed_off_prompt_gets_only_the_response(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
     w = World(nursery)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     client = await w.attached(grant("g1"))
     await client.send(1, "prompt", text="quiet", stream=False)
     assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] quiet\n"))
@@ -341,8 +345,7 @@ async def test_back_to_back_prompts_cost_the_supervisor_a_notice_per_interval(
     then the latest state once ``notice_interval`` has passed — not twenty notices; a lone
     turn after a quiet spell is told at once again."""
     w = World(nursery)
-    await w.start()
-    sup = await w.supervisor(w.owner("g1", 100))
+    sup = await w.serving()
     client = await w.attached(grant("g1"))
     for i in range(1, 11):
         await client.send(i, "prompt", text=f"p{i}", stream=False)
@@ -392,8 +395,7 @@ async def test_grant_that_does_not_admit_is_dropped_with_grant_refused(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, make: Any, message: str
 ) -> None:
     w = World(nursery)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     client, answer = await w.client(make())
     assert answer == grant_refused(message)
     assert await client.receive() is None
@@ -420,8 +422,7 @@ async def test_grant_expiry_is_exact_on_the_worker_wall_clock(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
     w = World(nursery)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     g = grant("g1", expires_at=WALL0 + 10.0)
     await advance_to(autojump_clock, 9.5)
     early, answer = await w.client(g)
@@ -438,8 +439,7 @@ async def test_peer_of_another_uid_is_refused_even_with_a_valid_grant(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
     w = World(nursery)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     client, answer = await w.client(grant("g1"), peer=-1)
     assert answer == grant_refused("a process of another uid may not use this worker")
     assert await client.receive() is None
@@ -453,8 +453,7 @@ async def test_digit_like_expiry_is_refused_as_malformed_not_a_crash(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
     w = World(nursery)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     _client, answer = await w.client(f"g1.\u00b2.{'0' * 64}")
     assert answer == grant_refused("malformed grant")
 
@@ -466,8 +465,7 @@ async def test_grant_of_a_replaced_supervisor_is_refused_at_the_next_command(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
     w = World(nursery)
-    await w.start()
-    old_sup = await w.supervisor(w.owner("g1", 100))
+    old_sup = await w.serving()
     old_grant = grant("g1")
     client = await w.attached(old_grant)
     await client.prompt(1, "before")
@@ -502,8 +500,7 @@ async def test_prompt_queued_on_a_route_whose_supervisor_is_replaced_never_runs(
     agent = GatedAgent()
     release = agent.gate("first")
     w = World(nursery, agent=agent)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     holder = await w.attached(grant("g1"), client_id="holder")
     queued = await w.attached(grant("g1"), client_id="queued")
     await holder.prompt(1, "first")
@@ -592,8 +589,7 @@ async def test_same_command_over_both_paths_while_running_runs_once(
     agent = GatedAgent()
     release = agent.gate("hello")
     w = World(nursery, agent=agent)
-    await w.start()
-    sup = await w.supervisor(w.owner("g1", 100))
+    sup = await w.serving()
     client = await w.attached(grant("g1"), client_id="c")
 
     # the client's request 7: relayed by the supervisor as its link request 70 with
@@ -666,8 +662,7 @@ async def test_stop_and_other_ops_are_refused_on_a_direct_route(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, op: str
 ) -> None:
     w = World(nursery)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     client = await w.attached(grant("g1"))
     await client.send(1, op)
     assert failure(await client.receive()) == (

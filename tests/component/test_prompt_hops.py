@@ -93,8 +93,7 @@ class _ImmediateGated(GatedAgent):
 async def _prompt_steps(w: World, journal: Journal) -> tuple[Steps, int]:
     """The steps of each task while one prompt to an idle session is answered, and the
     journal's flushes meanwhile."""
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     client = await _socket_client(w)
     await client.send(1, "prompt", text="warm", stream=False)
     assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] warm\n"))
@@ -152,8 +151,7 @@ async def test_a_turn_run_by_the_reader_is_still_cancelled_by_a_cancel(
     agent = _ImmediateGated()
     agent.gate("slow")
     w = World(nursery, agent=agent)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     client = await w.attached(grant("g1"), client_id="c")
     other = await w.attached(grant("g1"), client_id="d")
     await client.prompt(1, "slow")
@@ -176,8 +174,7 @@ async def test_a_prompt_with_a_request_pipelined_behind_it_is_not_run_by_the_rea
     agent = _ImmediateGated()
     release = agent.gate("slow")
     w = World(nursery, agent=agent)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     client = await w.attached(grant("g1"), client_id="c")
     both = (encode(Request(id=1, op="prompt", client_id="c", args={"text": "slow"}))
             + encode(Request(id=2, op="ping", client_id="c", args={})))
@@ -199,8 +196,7 @@ async def test_a_turn_run_by_the_reader_outlives_its_dropped_connection(
     agent = _ImmediateGated()
     release = agent.gate("slow")
     w = World(nursery, agent=agent)
-    await w.start()
-    old = await w.supervisor(w.owner("g1", 100))
+    old = await w.serving()
     await old.prompt(70, "slow", client_id="c", command_id=7)
     await agent.started["slow"].wait()
     # a newer supervisor authenticates: the old one's connection (whose reader runs the turn)
@@ -433,8 +429,7 @@ async def test_a_replayable_turns_acceptance_and_start_are_one_write(
     from trio_agentd import _fs, _workerjournal
 
     w = World(nursery, journal=journal)
-    await w.start()
-    await w.supervisor(w.owner("g1", 100))
+    await w.serving()
     client = await _socket_client(w)
     writes: list[bytes] = []
     real = _fs.write_all
