@@ -41,6 +41,11 @@ RETRY_FOR = 60.0
 RESEND_DELAY = 0.025
 RESEND_DELAY_MAX = 1.0
 FOLLOW_RETRY_DELAY = 0.05
+# after Ctrl-C on a prompt, the blocking client keeps trying to reach the worker with the
+# cancel this long (a worker slow to say hello under load, or one respawning), this long
+# between tries
+CANCEL_REACH = 10.0
+CANCEL_RETRY_DELAY = 0.1
 # a route grant this close to its expiry is renewed (async client) or not used from the route
 # cache (blocking client) instead
 GRANT_MARGIN = 5.0

@@ -12,7 +12,15 @@ import os
 import time
 
 from . import _jsonfast as json  # the stdlib json's loads/dumps, without importing json (and re)
-from ._defaults import CLIENT, GRANT_MARGIN, RESEND_DELAY, RESEND_DELAY_MAX, ClientTiming
+from ._defaults import (
+    CANCEL_REACH,
+    CANCEL_RETRY_DELAY,
+    CLIENT,
+    GRANT_MARGIN,
+    RESEND_DELAY,
+    RESEND_DELAY_MAX,
+    ClientTiming,
+)
 from ._errors import AgentdError, ErrorCode, NoSupervisor
 from ._paths import Layout, check_socket_path
 from ._syncconn import _await_response as _await_response
@@ -32,11 +40,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .timing import Timing
-
-# after Ctrl-C, how long the client keeps trying to reach the worker with the cancel (a worker
-# slow to say hello under load, or one respawning), and how long it waits between tries
-CANCEL_REACH = 10.0
-CANCEL_RETRY_DELAY = 0.1
 
 
 def creator_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trio_agentd import _syncclient
+from trio_agentd import _defaults, _syncclient
 from trio_agentd._errors import AgentdError, ErrorCode
 from trio_agentd._paths import Layout
 
@@ -88,7 +88,7 @@ def test_ctrl_c_cancels_on_a_new_connection_then_asks_for_the_answer(
     assert second.sent[0]["args"] == {"command_id": second.sent[1]["id"]}
     assert second.sent[1]["id"] == first.sent[0]["id"]
     assert w.routes == 1  # no new route: nothing was resent through the supervisor
-    assert w.clock.now == pytest.approx(_syncclient.CANCEL_RETRY_DELAY)
+    assert w.clock.now == pytest.approx(_defaults.CANCEL_RETRY_DELAY)
 
 
 def test_a_cancel_that_cannot_reach_the_worker_is_an_error_not_a_resend(
@@ -103,7 +103,7 @@ def test_a_cancel_that_cannot_reach_the_worker_is_an_error_not_a_resend(
     assert "trio-agentd cancel s" in info.value.message
     assert w.routes == 1
     assert [f["op"] for c in w.conns for f in c.sent] == ["prompt"]  # never sent again
-    assert _syncclient.CANCEL_REACH - 1 < w.clock.now <= _syncclient.CANCEL_REACH
+    assert _defaults.CANCEL_REACH - 1 < w.clock.now <= _defaults.CANCEL_REACH
 
 
 def test_a_second_ctrl_c_leaves_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
