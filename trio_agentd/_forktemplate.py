@@ -1,5 +1,5 @@
-"""The fork template: a pre-imported process that forks new workers (no trio, no threads
-once it serves).
+"""The fork template: a pre-imported process that forks new workers (never while a Trio
+loop or a thread runs).
 
 Starting a worker by exec pays a Python start and the import of trio and of the worker's
 modules (≈ 100 ms of CPU, ≈ 16 MB of private memory each). The template pays it once: it is
@@ -8,8 +8,10 @@ a worker) by the supervisor, imports everything a worker imports with the collec
 freezes what they made, runs a warm-up loop to its end (:func:`_warm_up`), collects the
 warm-up's garbage, fills the free blocks of its allocator's pools (:func:`_fill_free_blocks`),
 freezes its heap (``gc.freeze()``, so the children's collector never writes to the objects
-they share) and then only waits on a private socketpair (its stdin) for requests. Once it
-serves it runs no event loop and no thread, so a fork of it is safe.
+they share) and then waits on a private socketpair (its stdin) for requests; in its idle
+moments it rehearses a worker's session (:mod:`._rehearsal`, :class:`_Rehearsal`), each run a
+whole event loop between two requests. It never forks while a loop or a thread runs, so a
+fork of it is safe.
 
 A request carries three descriptors (``SCM_RIGHTS``: the worker's stdin and stdout pipes and
 its log) and the worker's environment. The template forks twice: the grandchild calls
@@ -34,19 +36,30 @@ import errno as _errno
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import struct
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ._earlytemplate import TEMPLATE_FLAG as TEMPLATE_FLAG
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Protocol
+
     import trio
+
+    class IdleWork(Protocol):
+        """What the template does in its idle moments, a step at a time (:class:`_Rehearsal`)."""
+
+        left: int  # steps left
+        quiet: float  # seconds without a request before a step
+
+        def step(self) -> None: ...
 
 HEADER = struct.Struct("!I")
 # the most a request or a reply may be (the environment is the big part): bounded buffers
@@ -197,17 +210,37 @@ def _parse_start(got: tuple[list[int], bytes] | None) -> _WorkerStart | None:
     return _WorkerStart((fds[0], fds[1], fds[2]), env)
 
 
-def _serve(sock: socket.socket) -> _WorkerStart | None:
-    """The template's loop: one request at a time until EOF. Returns in a forked worker."""
+def _waiting(sock: socket.socket, within: float) -> bool:
+    """Whether a request (or the supervisor's EOF) is there to be read within ``within``
+    seconds."""
+    return bool(select.select([sock], [], [], within)[0])
+
+
+def _serve(sock: socket.socket, rehearsal: IdleWork | None = None) -> _WorkerStart | None:
+    """The template's loop: one request at a time until EOF. Returns in a forked worker.
+
+    ``rehearsal``: run a step at a time once no request has come for its ``quiet`` seconds
+    (a waiting request always first), until it has no more to do. A ``status`` request (no
+    descriptors) is answered with how many of its runs are left."""
     while True:
+        quiet = rehearsal.quiet if rehearsal is not None else 0.0  # since the last request
+        while rehearsal is not None and rehearsal.left > 0 and not _waiting(sock, quiet):
+            rehearsal.step()
+            quiet = 0.0  # still none: the next run at once
         got = _receive_request(sock)
         if got is None:
             return None
         fds, body = got
         try:
-            spare = json.loads(body).get("spare") is True
+            request = json.loads(body)
+            spare = request.get("spare") is True
+            status = request.get("status") is True
         except (ValueError, AttributeError):
-            spare = False
+            spare = status = False
+        if status:
+            _close_all(fds)
+            _reply(sock, {"rehearsal_left": rehearsal.left if rehearsal is not None else 0})
+            continue
         if spare:
             if len(fds) != 1:
                 _close_all(fds)
@@ -337,6 +370,74 @@ def _warm_up() -> None:
         trio.run(once)
 
 
+class _Rehearsal:
+    """The template's rehearsal (:mod:`._rehearsal`), a run per idle moment (``quiet``
+    seconds without a request): a request waits for one run at most (a few milliseconds),
+    and the template is ready without it. Once the runs are done the rehearsal's garbage is
+    collected and the free blocks it left filled, as after the warm-up. A run that fails, or
+    takes longer than ``run_max`` seconds (a loaded machine, a slow scratch directory:
+    requests would wait behind the next), ends it: the template forks on without the rest
+    (its workers are as good, only less of their memory is shared), and one line says why."""
+
+    def __init__(self, runs: int, *, run_max: float | None = None,
+                 run: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 say: Callable[[str], None] | None = None) -> None:
+        from .timing import FORK_TEMPLATE_REHEARSAL_QUIET, FORK_TEMPLATE_REHEARSAL_RUN_MAX
+
+        self.left = runs
+        self.quiet = FORK_TEMPLATE_REHEARSAL_QUIET
+        self.run_max = FORK_TEMPLATE_REHEARSAL_RUN_MAX if run_max is None else run_max
+        self._run = run
+        self._clock = clock
+        self._say = say if say is not None else _say
+
+    def run_one(self) -> None:
+        """One run, and whether to go on (:attr:`left`)."""
+        if self._run is None:
+            from ._rehearsal import rehearse
+
+            self._run = lambda: rehearse(1)
+        t0 = self._clock()
+        try:
+            self._run()
+        except Exception as exc:  # never the template's end: its workers do not need it
+            self._say(f"rehearsal failed ({exc!r}); forking without the rest of it")
+            self.left = 0
+            return
+        took = self._clock() - t0
+        self.left -= 1
+        if took > self.run_max and self.left > 0:
+            self._say(f"a rehearsal run took {took:.3f} s (more than {self.run_max:g} s: a"
+                      " loaded machine or a slow scratch directory); forking without the rest")
+            self.left = 0
+
+    def step(self) -> None:
+        """:meth:`run_one`, its garbage collected; after the last, the free blocks filled."""
+        self.run_one()
+        gc.collect()
+        _no_thread()
+        if self.left == 0:
+            try:
+                _fill_free_blocks()
+            except OSError as exc:
+                self._say(f"free blocks not filled ({exc})")
+
+
+def _say(line: str) -> None:
+    print(f"trio-agentd worker fork template: {line}", file=sys.stderr, flush=True)
+
+
+def _no_thread() -> None:
+    """Exit unless this process runs one thread: never fork a process with threads (the
+    supervisor then starts workers by exec)."""
+    import threading
+
+    if threading.active_count() != 1:
+        sys.exit("trio-agentd worker fork template: an import, the warm-up or the rehearsal"
+                 " started a thread; not serving (workers are started by exec)")
+
+
 def _become_worker(start: _WorkerStart) -> None:
     """In the forked worker: take the descriptors, environment, cwd and signal dispositions
     an exec'd worker starts with."""
@@ -399,25 +500,20 @@ def serve_template() -> None:
             _warm_up()
         except (OSError, ValueError) as exc:
             # a template without it still forks good workers (each pays its first run itself)
-            print(f"trio-agentd worker fork template: warm-up failed ({exc}); serving"
-                  " without it", file=sys.stderr, flush=True)
-        import threading
-
-        if threading.active_count() != 1:
-            # never fork a process with threads: no template, the workers are exec'd
-            sys.exit("trio-agentd worker fork template: an import or the warm-up started"
-                     " a thread; not serving (workers are started by exec)")
+            _say(f"warm-up failed ({exc}); serving without it")
+        _no_thread()
         # the warm-up's garbage (cycles: tasks, frames) collected, then every free block in
         # the pools filled (see _fill_free_blocks), then what is new since frozen too
         gc.collect()
         try:
             _fill_free_blocks()
         except OSError as exc:
-            print(f"trio-agentd worker fork template: free blocks not filled ({exc})",
-                  file=sys.stderr, flush=True)
+            _say(f"free blocks not filled ({exc})")
         gc.freeze()
         _reply(sock, {"ready": os.getpid()})
-        start = _serve(sock)
+        from ._rehearsal import RUNS
+
+        start = _serve(sock, _Rehearsal(RUNS))
     except (BrokenPipeError, ConnectionResetError):
         start = None  # the supervisor is gone
     if start is None:

@@ -34,6 +34,7 @@ from .agents import (
 from .timing import DEFAULT_TIMING, Timing
 
 log = logging.getLogger("trio_agentd.worker")
+LOG_FORMAT = "%(asctime)s worker[%(process)d] %(levelname)s %(message)s"
 
 
 def _so_peercred_pid(stream: trio.abc.Stream) -> int | None:
@@ -193,7 +194,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
-        format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s",
+        format=LOG_FORMAT,
     )
     from ._exhaustion import raise_nofile_limit
 
@@ -262,8 +263,7 @@ def _rotating_log(path: Path) -> Limits:
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    handler.setFormatter(logging.Formatter(
-        "%(asctime)s worker[%(process)d] %(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root.addHandler(handler)
     return limits
 

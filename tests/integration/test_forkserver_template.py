@@ -61,6 +61,22 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _rehearsal_left(sock: socket.socket) -> int:
+    _send(sock, {"status": True}, [])
+    left = _recv(sock)["rehearsal_left"]
+    assert isinstance(left, int)
+    return left
+
+
+def _rehearsed(sock: socket.socket) -> None:
+    """Wait until the template has rehearsed (its scratch descriptors are closed then).
+    Asked less often than the quiet the rehearsal waits for: each question is a request."""
+    from trio_agentd.timing import FORK_TEMPLATE_REHEARSAL_QUIET
+
+    wait_for(lambda: _rehearsal_left(sock) == 0, timeout=30, what="the template's rehearsal",
+             interval=5 * FORK_TEMPLATE_REHEARSAL_QUIET)
+
+
 @pytest.fixture
 def template() -> Iterator[tuple[subprocess.Popen[bytes], socket.socket]]:
     ours, theirs = socket.socketpair()
@@ -359,6 +375,7 @@ def test_the_early_template_holds_only_its_socket_and_stdio_and_runs_in_root(
     sock.settimeout(30)
     try:
         assert _recv(sock) == {"ready": early.pid}
+        _rehearsed(sock)
         fds = {int(n): os.readlink(f"/proc/{early.pid}/fd/{n}")
                for n in os.listdir(f"/proc/{early.pid}/fd")}
         pipe = os.readlink(f"/proc/self/fd/{ready_r}")  # the read end: same pipe inode
@@ -373,3 +390,38 @@ def test_the_early_template_holds_only_its_socket_and_stdio_and_runs_in_root(
         os.close(ready_r)
         wait_for(lambda: not _alive(early.pid), timeout=10, what="the template to exit")
         os.waitpid(early.pid, 0)
+
+
+def test_the_template_rehearses_between_requests_and_leaves_nothing_behind(
+    tmp_path: object,
+) -> None:
+    """Ready before its rehearsal: a request sent at once is answered before the rehearsal's
+    runs are done (at most the one under way goes first); once they are, the template holds
+    only its socket and stdio, its scratch directories are gone, and it forks as before."""
+    from trio_agentd._rehearsal import RUNS
+
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen([*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
+                            stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/",
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    theirs.close()
+    ours.settimeout(30)
+    try:
+        assert _recv(ours) == {"ready": proc.pid}
+        assert _rehearsal_left(ours) >= RUNS - 1
+        _rehearsed(ours)
+        fds = _fds(proc.pid)
+        # stdin, stdout on /dev/null; stderr ours (inherited); one socket, its own
+        assert {fd: fds[fd] for fd in (0, 1, 2)} == {
+            0: os.devnull, 1: os.devnull, 2: os.readlink("/proc/self/fd/2")}, fds
+        assert len(fds) == 4, fds
+        assert sum(t.startswith("socket:") for t in fds.values()) == 1, fds
+        assert os.listdir(str(tmp_path)) == []
+        spare, pid = _spare(ours)
+        spare.close()  # dropped: it exits
+        wait_for(lambda: not _alive(pid), timeout=10, what="the spare to exit")
+    finally:
+        ours.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=10)

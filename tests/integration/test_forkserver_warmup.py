@@ -62,3 +62,47 @@ print(json.dumps({"before": before, "after": after}))
     # use); after: at most the untouched rest of the one pool the fill itself opened last
     assert any(before[size] >= pool // size for size in sizes), before
     assert all(after[size] <= pool // size for size in sizes), after
+
+
+def test_the_rehearsal_specialises_the_workers_code_and_leaves_nothing_behind(
+    tmp_path: object,
+) -> None:
+    """One session served start to end in the template: what a worker runs per prompt, per
+    connection and at its start is specialised after it (Python 3.11+'s adaptive bytecode:
+    a forked worker then runs it without writing to the code it shares), and no thread,
+    event loop, descriptor, scratch file or log handler is left."""
+    got = _run(f"""
+import dis, logging
+os.environ["TMPDIR"] = {str(tmp_path)!r}
+from trio_agentd import _journal, _rehearsal, _workercore, _workerturns
+from trio_agentd.agents import _echo
+
+def specialised(f):
+    return sum(a.opname != b.opname for a, b in zip(dis.get_instructions(f, adaptive=True),
+                                                    dis.get_instructions(f)))
+
+funcs = [_journal._line, _workerturns.TurnRunner._run_turn,
+         _workercore.WorkerCore.serve_connection, _workercore.WorkerCore.__init__,
+         _echo.EchoAgent.turn]
+root = logging.getLogger()
+before = {{"specialised": [specialised(f) for f in funcs], "handlers": len(root.handlers),
+          "level": root.level, "fds": sorted(os.listdir("/proc/self/fd"))}}
+_rehearsal.rehearse()
+import trio
+try:
+    trio.lowlevel.current_trio_token()
+    loop = True
+except RuntimeError:
+    loop = False
+print(json.dumps({{"before": before, "specialised": [specialised(f) for f in funcs],
+                  "handlers": len(root.handlers), "level": root.level,
+                  "fds": sorted(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
+                  "loop": loop, "left": os.listdir({str(tmp_path)!r})}}))
+""")
+    before = got.pop("before")
+    assert isinstance(before, dict)
+    assert before.pop("specialised") == [0, 0, 0, 0, 0]  # nothing ran yet
+    specialised = got.pop("specialised")
+    assert isinstance(specialised, list)
+    assert all(n > 0 for n in specialised), specialised
+    assert got == {**before, "threads": 1, "loop": False, "left": []}

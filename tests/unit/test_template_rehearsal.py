@@ -1,0 +1,128 @@
+"""The fork template's rehearsal schedule (pure: the run, the clock and the log line are
+fakes) and where its scratch directories go."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+from trio_agentd._forktemplate import HEADER, _Rehearsal, _serve
+from trio_agentd._rehearsal import scratch_root
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_each_run_counts_down_to_done() -> None:
+    runs: list[int] = []
+    r = _Rehearsal(3, run=lambda: runs.append(1), clock=Clock(), say=lambda line: runs.append(0))
+    for left in (2, 1, 0):
+        r.run_one()
+        assert r.left == left
+    assert runs == [1, 1, 1]  # three runs, no line
+
+
+def test_a_failed_run_ends_the_rehearsal_with_one_line() -> None:
+    said: list[str] = []
+
+    def fail() -> None:
+        raise OSError(28, "No space left on device")
+
+    r = _Rehearsal(10, run=fail, clock=Clock(), say=said.append)
+    r.run_one()
+    assert r.left == 0
+    assert said == ["rehearsal failed (OSError(28, 'No space left on device')); forking"
+                    " without the rest of it"]
+
+
+def test_a_run_longer_than_run_max_ends_the_rehearsal_a_run_at_the_limit_does_not() -> None:
+    clock = Clock()
+    said: list[str] = []
+    took = [0.25, 0.2501]
+
+    def run() -> None:
+        clock.now += took.pop(0)
+
+    r = _Rehearsal(10, run_max=0.25, run=run, clock=clock, say=said.append)
+    r.run_one()
+    assert (r.left, said) == (9, [])
+    r.run_one()
+    assert r.left == 0
+    assert said == ["a rehearsal run took 0.250 s (more than 0.25 s: a loaded machine or a slow"
+                    " scratch directory); forking without the rest"]
+
+
+def test_a_slow_last_run_says_nothing() -> None:
+    clock = Clock()
+    said: list[str] = []
+
+    def run() -> None:
+        clock.now += 5.0
+
+    r = _Rehearsal(1, run_max=0.25, run=run, clock=clock, say=said.append)
+    r.run_one()
+    assert (r.left, said) == (0, [])
+
+
+def test_scratch_goes_to_tmpdir_if_set_else_to_dev_shm_if_writable() -> None:
+    assert scratch_root({"TMPDIR": "/x/y"}) == "/x/y"
+    shm_ok = os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK)
+    assert scratch_root({}) == ("/dev/shm" if shm_ok else None)
+    assert scratch_root({"TMPDIR": ""}) == scratch_root({})
+
+
+class FakeRehearsal:
+    """Counts its runs; ``quiet`` long enough that a request sent at once always comes first."""
+
+    def __init__(self, runs: int, quiet: float) -> None:
+        self.left = runs
+        self.quiet = quiet
+        self.steps: list[float] = []
+
+    def step(self) -> None:
+        self.steps.append(time.monotonic())
+        self.left -= 1
+
+
+def test_the_template_rehearses_only_after_a_quiet_spell_and_answers_requests_first() -> None:
+    ours, theirs = socket.socketpair()
+    ours.settimeout(30)
+    rehearsal = FakeRehearsal(3, quiet=2.0)
+    result: list[object] = []
+    server = threading.Thread(target=lambda: result.append(_serve(theirs, rehearsal)))
+    server.start()
+    try:
+        # requests closer together than the quiet: each answered, no run between them
+        for _ in range(3):
+            assert _status(ours) == 3
+        asked = time.monotonic()
+        # then none: the runs follow, back to back, and the template says so
+        while rehearsal.left:
+            time.sleep(0.05)
+        assert len(rehearsal.steps) == 3
+        assert rehearsal.steps[0] >= asked + 2.0
+        assert _status(ours) == 0
+    finally:
+        ours.close()  # end of file: the loop returns
+        server.join(timeout=30)
+        theirs.close()
+    assert result == [None]
+
+
+def _status(sock: socket.socket) -> int:
+    body = json.dumps({"status": True}).encode()
+    sock.sendall(HEADER.pack(len(body)) + body)
+    head = sock.recv(HEADER.size, socket.MSG_WAITALL)
+    (size,) = HEADER.unpack(head)
+    reply = json.loads(sock.recv(size, socket.MSG_WAITALL))
+    left = reply["rehearsal_left"]
+    assert isinstance(left, int)
+    return left
