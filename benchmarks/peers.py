@@ -46,7 +46,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -662,22 +661,10 @@ def _err(exc: BaseException) -> dict[str, Any]:
 
 
 def _timed(argv: list[str], env: dict[str, str], limit: float = 120) -> tuple[float, int]:
-    """Whole-process wall time. A blocking wait: ``wait(timeout=…)`` polls with sleeps of up
-    to 50 ms and would round every sample up; a timer kills a process that hangs instead."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    timer = threading.Timer(limit, proc.kill)
-    timer.start()
-    try:
-        rc = proc.wait()
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        timer.cancel()
-    return time.perf_counter() - t0, rc
+    """Whole-process wall time, by a blocking wait (see :func:`._common.run_timed`)."""
+    from ._common import run_timed
+
+    return run_timed(argv, env=env, limit=limit)
 
 
 def status_cmd_ms(peers: list[Peer], rounds: int) -> dict[str, Result]:
@@ -936,7 +923,7 @@ def startup_pair(rival: str, root: Path, tracker: Tracker, reps: int) -> Result:
     running, as in :func:`lifecycle_ms`) interleaved with a cold ``trio-agentd -p hi`` (a
     fresh private environment, no daemon, until the reply is printed): A B A B …, so both
     meet the same machine; the figure is the ratio of the medians."""
-    from ._common import private_env
+    from ._common import private_env, run_timed
 
     theirs: list[float] = []
     ours: list[float] = []
@@ -944,13 +931,13 @@ def startup_pair(rival: str, root: Path, tracker: Tracker, reps: int) -> Result:
         theirs.append(_start_one(rival, root / f"pair{i}", tracker))
         tracker.kill_all()
         with private_env() as env:
-            t0 = time.perf_counter()
-            done = subprocess.run(env.cli("-p", "hi"), env=env.env, capture_output=True,
-                                  text=True, timeout=60, stdin=subprocess.DEVNULL)
-            dt = time.perf_counter() - t0
-            if done.returncode != 0 or "hi" not in done.stdout:
-                raise RuntimeError(f"cold trio-agentd -p hi failed ({done.returncode}): "
-                                   f"{_tail(done.stderr)}")
+            out, err = env.root / "pair.out", env.root / "pair.err"
+            with open(out, "wb") as o, open(err, "wb") as e:
+                dt, rc = run_timed(env.cli("-p", "hi"), env=env.env, stdout=o, stderr=e,
+                                   limit=60)
+            if rc != 0 or "hi" not in out.read_text(errors="replace"):
+                raise RuntimeError(f"cold trio-agentd -p hi failed ({rc}): "
+                                   f"{_tail(err.read_text(errors='replace'))}")
             ours.append(dt)
             env.run("shutdown")
         tracker.reap_strays()  # (our supervisor, orphaned by its CLI, exits as our child)

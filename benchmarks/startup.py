@@ -26,7 +26,7 @@ from typing import Any
 
 from trio_agentd._identity import read_start_id
 
-from ._common import Env, _our_pids, machine, private_env, summary, timed
+from ._common import Env, _our_pids, machine, private_env, run_timed, summary, timed
 from .peers import _reap, _subreaper
 from .recovery import BenchError, _supervisor, _workers
 
@@ -62,10 +62,7 @@ def cold_once(env: Env) -> float:
     """Seconds for one ``trio-agentd -p hi`` with no daemon; checks the reply."""
     out = env.root / "cold.out"
     with open(out, "wb") as f:
-        t0 = time.perf_counter()
-        rc = subprocess.run(env.cli("-p", "hi"), env=env.env, stdin=subprocess.DEVNULL, stdout=f,
-                            stderr=subprocess.STDOUT, timeout=120).returncode
-        dt = time.perf_counter() - t0
+        dt, rc = run_timed(env.cli("-p", "hi"), env=env.env, stdout=f, stderr=subprocess.STDOUT)
     if rc != 0 or _turn(out) != 1:
         raise BenchError(f"cold start exited {rc}: {out.read_text(errors='replace')[:300]!r}")
     return dt
