@@ -282,6 +282,13 @@ def run(quick: bool = False, sessions: int = 100, window: float | None = None,
         sup = _supervisor(env)
         sup_rss = psutil.Process(sup[0]).memory_info().rss / MB if sup else float("nan")
         log(f"  scale: {count} sessions, {len(ok)} answered again in {answer_s:.1f} s")
+        # as at 100: every descriptor names its worker first (one run read 999 of 1,000 just
+        # after all had answered; a descriptor that never does fails the figure here)
+        t1 = time.perf_counter()
+        _wait(lambda: len(_workers(env)) == count, "every worker descriptor", 30)
+        waited = time.perf_counter() - t1
+        if waited > 0.05:
+            log(f"  scale: waited {waited:.2f} s for every descriptor to name its worker")
         at_scale = memory(env, count)
         available_after = _mem_available_mb()
         log(f"  scale: supervisor RSS {at_scale['supervisor_rss_mb']:.1f} MB, total PSS"
@@ -294,6 +301,7 @@ def run(quick: bool = False, sessions: int = 100, window: float | None = None,
                         "answer_errors": dict(sorted(errors.items())[:5]),
                         "supervisor_rss_mb": round(sup_rss, 1),
                         "descriptors": len(_workers(env)),
+                        "descriptors_wait_s": round(waited, 3),
                         "memory": at_scale,
                         "mem_available_drop_mb": round(available_before - available_after),
                         "goal_sessions": GOALS["scale_sessions"],
