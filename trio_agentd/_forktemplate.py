@@ -402,7 +402,8 @@ class _Rehearsal:
         try:
             self._run()
         except Exception as exc:  # never the template's end: its workers do not need it
-            self._say(f"rehearsal failed ({exc!r}); forking without the rest of it")
+            self._say(f"rehearsal failed ({_cause(exc)}); forking without the rest of it (the"
+                      " workers are as good, they only share less memory with the template)")
             self.left = 0
             return
         took = self._clock() - t0
@@ -422,6 +423,14 @@ class _Rehearsal:
                 _fill_free_blocks()
             except OSError as exc:
                 self._say(f"free blocks not filled ({exc})")
+
+
+def _cause(exc: BaseException) -> str:
+    """``exc`` in one line: its type and message; for an event loop's exception group, its
+    first exception's."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _say(line: str) -> None:

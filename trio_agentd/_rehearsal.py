@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -139,6 +140,53 @@ def _signals_kept() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+SCRATCH_PREFIX = "trio-agentd-rehearsal-"
+
+
+def clear_stale(root: str) -> list[str]:
+    """Remove the scratch directories that templates killed mid-run left in ``root`` (named
+    ``SCRATCH_PREFIX<pid>-…``, ours, not a symlink, their pid gone); the names removed. A
+    live pid's (another template's, rehearsing now; or a reused pid) are left alone."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(SCRATCH_PREFIX):
+            continue
+        pid_text = name[len(SCRATCH_PREFIX):].partition("-")[0]
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if (not pid_text.isdigit() or not stat.S_ISDIR(st.st_mode)
+                or st.st_uid != os.getuid() or _alive(int(pid_text))):
+            continue
+        shutil.rmtree(path, onerror=_gone_is_fine)
+        removed.append(name)
+    return removed
+
+
+def _gone_is_fine(_func: object, _path: str, exc_info: tuple[type[BaseException],
+                                                           BaseException, object]) -> None:
+    """A race with another template clearing the same directory: whoever removes a file
+    first wins; any other error is raised."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: alive
+    return True
+
+
 def scratch_root(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
     """Where the scratch directories go: ``$TMPDIR`` if set; else ``/dev/shm`` where it can
     be written (memory: the rehearsal's journal flushes cost no disk, and no slow disk makes
@@ -179,8 +227,10 @@ def rehearse(runs: int = RUNS) -> None:
         RehearsalFailed: the session did not answer as a real one does (inside the event
             loop's exception group).
     """
+    root = scratch_root()
+    clear_stale(root if root is not None else tempfile.gettempdir())
     for _ in range(runs):
-        scratch = Path(tempfile.mkdtemp(prefix="trio-agentd-rehearsal-", dir=scratch_root()))
+        scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root))
         try:
             with _worker_logging(scratch / "worker.log"), _signals_kept():
                 trio.run(_session, scratch)

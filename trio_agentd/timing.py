@@ -297,7 +297,7 @@ FORK_TEMPLATE_READY_TIMEOUT = 30.0
 FORK_TEMPLATE_REQUEST_TIMEOUT = 5.0
 FORK_TEMPLATE_MAX_RESTART_DELAY = 60.0
 # a rehearsal run (see _rehearsal) that takes longer than this ends the template's rehearsal:
-# a request may wait for one run, and a run takes 2-3 ms
+# a request may wait for one run, and a run takes about 3 ms
 FORK_TEMPLATE_REHEARSAL_RUN_MAX = 0.25
 # ... and a run starts only once no request has come for this long: a burst of starts (the
 # first prompt's worker and the spares after it) is served first, and a cold start's worker

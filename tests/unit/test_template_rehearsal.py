@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 from trio_agentd._forktemplate import HEADER, _Rehearsal, _serve
-from trio_agentd._rehearsal import scratch_root
+from trio_agentd._rehearsal import SCRATCH_PREFIX, RehearsalFailed, clear_stale, scratch_root
 
 
 class Clock:
@@ -39,8 +41,21 @@ def test_a_failed_run_ends_the_rehearsal_with_one_line() -> None:
     r = _Rehearsal(10, run=fail, clock=Clock(), say=said.append)
     r.run_one()
     assert r.left == 0
-    assert said == ["rehearsal failed (OSError(28, 'No space left on device')); forking"
-                    " without the rest of it"]
+    assert said == ["rehearsal failed (OSError: [Errno 28] No space left on device); forking"
+                    " without the rest of it (the workers are as good, they only share less"
+                    " memory with the template)"]
+
+
+def test_a_run_failing_inside_its_event_loop_is_told_by_its_first_exception() -> None:
+    said: list[str] = []
+
+    def fail() -> None:
+        raise ExceptionGroup("Exceptions from Trio nursery (1 sub-exception)",
+                             [RehearsalFailed("the rehearsed worker refused: busy")])
+
+    _Rehearsal(10, run=fail, clock=Clock(), say=said.append).run_one()
+    assert said[0].startswith("rehearsal failed (RehearsalFailed: the rehearsed worker refused:"
+                              " busy); ")
 
 
 def test_a_run_longer_than_run_max_ends_the_rehearsal_a_run_at_the_limit_does_not() -> None:
@@ -126,3 +141,25 @@ def _status(sock: socket.socket) -> int:
     left = reply["rehearsal_left"]
     assert isinstance(left, int)
     return left
+
+
+def test_scratch_left_by_a_killed_template_is_cleared_and_a_live_ones_kept(
+    tmp_path: Path,
+) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process (until reused: then it is kept, harmlessly)
+    stale = tmp_path / f"{SCRATCH_PREFIX}{gone.pid}-abc"
+    (stale / "session").mkdir(parents=True)
+    (stale / "journal.jsonl").write_bytes(b"{}\n")
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def"
+    live.mkdir()
+    other = tmp_path / "trio-agentd-other-1-x"
+    other.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / f"{SCRATCH_PREFIX}{gone.pid}-lnk"
+    link.symlink_to(elsewhere)
+    assert clear_stale(str(tmp_path)) == [stale.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, other.name, elsewhere.name, link.name])
+    assert clear_stale(str(tmp_path / "missing")) == []
