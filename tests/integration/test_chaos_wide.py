@@ -491,8 +491,11 @@ class WideChaos:
         sup = self.supervisor()
         cp = self.env.run("restart", timeout=self.left())
         assert cp.returncode == 0, cp.stderr
-        new = _new_supervisor(self.env, sup[0])
-        assert new is not None, "restart left the old supervisor in place"
+        # restart returns once the new supervisor answers a hello; its record says "owner"
+        # once it has adopted the sessions, a moment later (a full disk, killed workers)
+        new = wait_for(lambda: _new_supervisor(self.env, sup[0]), timeout=self.left(),
+                       what="the new supervisor's owner record after restart")
+        assert new is not None  # (wait_for returns a true value)
         print(f"  {self.at()} restart: supervisor pid {sup[0]} -> {new[0]}")
 
     def step_doctor_healthy(self) -> None:
