@@ -95,10 +95,24 @@ def private_env() -> Iterator[Env]:
     try:
         yield Env(root, env)
     finally:
-        for pid in _our_pids(marker):
+        killed = _our_pids(marker)
+        for pid in killed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        _clear_scratch(killed)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _clear_scratch(pids: list[int]) -> None:
+    """Remove the rehearsal scratch directories of the fork templates among ``pids`` that were
+    just killed. They live where a user's would (``/dev/shm``, unless ``TMPDIR`` is set), not
+    in the private root: the benchmarks measure what a user gets."""
+    from trio_agentd._rehearsal import SCRATCH_PREFIX, scratch_root
+
+    where = scratch_root(os.environ) or tempfile.gettempdir()
+    for pid in pids:
+        for path in Path(where).glob(f"{SCRATCH_PREFIX}{pid}-*"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -122,10 +136,12 @@ def inherited(env: Env) -> Iterator[None]:
 def kill_started(env: Env) -> int:
     """SIGKILL every process started in ``env`` now (by marker and pid); how many were hit."""
     hit = 0
-    for pid in _our_pids(env.marker):
+    killed = _our_pids(env.marker)
+    for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             hit += 1
+    _clear_scratch(killed)
     return hit
 
 

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -41,3 +45,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("anyio") is not None:
             item.own_markers[:] = [m for m in item.own_markers if m.name != "trio"]
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_tmpdir() -> Iterator[None]:
+    """Every process the tests start keeps its temporary files (a fork template's rehearsal
+    scratch, which killing the template leaves behind) in one private dir, removed at the end:
+    never in /dev/shm or /tmp. (This process's own ``tempfile`` keeps its directory.)"""
+    root = tempfile.mkdtemp(prefix="ta-tmpdir-")
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = root
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = old
+        shutil.rmtree(root, ignore_errors=True)

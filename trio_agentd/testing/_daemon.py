@@ -329,6 +329,10 @@ def daemon_env(
     # a private runtime dir: ps/doctor discovery scans the default socket dir
     base["XDG_RUNTIME_DIR"] = str(root / "run")
     (root / "run").mkdir(mode=0o700)
+    # temporary files (a fork template's rehearsal scratch, which a kill at teardown would
+    # leave behind) inside the env too: removed with it
+    base["TMPDIR"] = str(root / "tmp")
+    (root / "tmp").mkdir(mode=0o700)
     if fresh_machine:
         # nothing but HOME and XDG dirs: the per-user defaults pick every path
         base["XDG_STATE_HOME"] = str(root / "userhome" / ".local" / "state")
