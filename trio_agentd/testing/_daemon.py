@@ -83,7 +83,8 @@ class DaemonEnv:
         root: the dir everything lives in.
         env: the environment for processes the test starts (:meth:`run`, :meth:`popen`):
             the test's own, less every ``TRIO_AGENTD_*`` and ``XDG_*`` variable, plus
-            ``HOME``, ``XDG_RUNTIME_DIR`` and the paths here, and the ``TA_TEST_RUN``
+            ``HOME``, ``XDG_RUNTIME_DIR``, ``TMPDIR`` (so a fork template's rehearsal
+            scratch stays inside :attr:`root`) and the paths here, and the ``TA_TEST_RUN``
             marker.
         fresh_machine: paths come from ``HOME`` and ``XDG_*`` alone (the per-user defaults),
             not from ``TRIO_AGENTD_*`` variables.
