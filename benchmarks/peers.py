@@ -660,15 +660,11 @@ def _err(exc: BaseException) -> dict[str, Any]:
     return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _timed(argv: list[str], env: dict[str, str], limit: float = 120) -> tuple[float, int]:
-    """Whole-process wall time, by a blocking wait (see :func:`._common.run_timed`)."""
+def status_cmd_ms(peers: list[Peer], rounds: int) -> dict[str, Result]:
+    """Status command vs ``python -c pass``, interleaved; ratio of medians. Whole processes,
+    by a blocking wait (:func:`._common.run_timed`)."""
     from ._common import run_timed
 
-    return run_timed(argv, env=env, limit=limit)
-
-
-def status_cmd_ms(peers: list[Peer], rounds: int) -> dict[str, Result]:
-    """Status command vs ``python -c pass``, interleaved; ratio of medians."""
     base_argv = [sys.executable, "-c", "pass"]
     slots: list[Peer | None] = [None, *peers]
     samples: dict[str, list[float]] = {p.name: [] for p in peers}
@@ -678,11 +674,11 @@ def status_cmd_ms(peers: list[Peer], rounds: int) -> dict[str, Result]:
         k = i % len(slots)
         for slot in slots[k:] + slots[:k]:
             if slot is None:
-                dt, rc = _timed(base_argv, dict(os.environ))
+                dt, rc = run_timed(base_argv, env=dict(os.environ))
                 if i:
                     base.append(dt)
                 continue
-            dt, rc = _timed(slot.status_argv(), slot.env)
+            dt, rc = run_timed(slot.status_argv(), env=slot.env)
             if rc != 0:
                 failed[slot.name] = f"exit {rc}: {' '.join(slot._short(slot.status_argv()))}"
             elif i:

@@ -394,9 +394,12 @@ class _Rehearsal:
 
     def run_one(self) -> None:
         """One run, and whether to go on (:attr:`left`)."""
-        if self._run is None:
-            from ._rehearsal import rehearse
+        if self._run is None:  # the first run: what killed templates left goes first
+            import tempfile
 
+            from ._rehearsal import clear_stale, rehearse, scratch_root
+
+            clear_stale(scratch_root() or tempfile.gettempdir())
             self._run = lambda: rehearse(1)
         t0 = self._clock()
         try:

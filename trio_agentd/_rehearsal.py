@@ -31,7 +31,7 @@ from pathlib import Path
 import trio
 
 from ._grant import make_grant
-from ._identity import own_start_id
+from ._identity import _pid_exists, own_start_id
 from ._ownership import RECORD_VERSION, OwnerRecord, Phase
 from ._protocol import Attach, Auth, AuthOk, Message, Request, Response, WorkerHello
 from ._stream import MessageStream
@@ -162,7 +162,7 @@ def clear_stale(root: str) -> list[str]:
         except OSError:
             continue
         if (not pid_text.isdigit() or not stat.S_ISDIR(st.st_mode)
-                or st.st_uid != os.getuid() or _alive(int(pid_text))):
+                or st.st_uid != os.getuid() or _pid_exists(int(pid_text))):
             continue
         shutil.rmtree(path, onerror=_gone_is_fine)
         removed.append(name)
@@ -175,16 +175,6 @@ def _gone_is_fine(_func: object, _path: str, exc_info: tuple[type[BaseException]
     first wins; any other error is raised."""
     if not isinstance(exc_info[1], FileNotFoundError):
         raise exc_info[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's: alive
-    return True
 
 
 def scratch_root(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
@@ -228,7 +218,6 @@ def rehearse(runs: int = RUNS) -> None:
             loop's exception group).
     """
     root = scratch_root()
-    clear_stale(root if root is not None else tempfile.gettempdir())
     for _ in range(runs):
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root))
         try:

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -393,13 +394,17 @@ def test_the_early_template_holds_only_its_socket_and_stdio_and_runs_in_root(
 
 
 def test_the_template_rehearses_between_requests_and_leaves_nothing_behind(
-    tmp_path: object,
+    tmp_path: Path,
 ) -> None:
     """Ready before its rehearsal: a request sent at once is answered before the rehearsal's
     runs are done (at most the one under way goes first); once they are, the template holds
-    only its socket and stdio, its scratch directories are gone, and it forks as before."""
-    from trio_agentd._rehearsal import RUNS
+    only its socket and stdio, its scratch directories are gone (and a killed template's
+    left before it started), and it forks as before."""
+    from trio_agentd._rehearsal import RUNS, SCRATCH_PREFIX
 
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid names no process now: its scratch is a killed template's leftover
+    (tmp_path / f"{SCRATCH_PREFIX}{gone.pid}-old" / "session").mkdir(parents=True)
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen([*isolated_python("trio_agentd.worker"), TEMPLATE_FLAG],
                             stdin=theirs.fileno(), stdout=subprocess.DEVNULL, cwd="/",
