@@ -541,7 +541,9 @@ def sec_streaming(doc: Doc, res: Data) -> None:
             "the same session, interleaved with the plain pipe `head -c SIZE /dev/zero | cat > "
             "/dev/null`; the figure is the ratio of the median throughputs. 16 sessions: 16 such "
             "CLI processes at once (each its own session), first spawn to last exit, against "
-            "16 plain pipes at once. Memory: an in-process Trio client streams SIZE bytes "
+            "16 plain pipes at once, and against the same bytes written into 16 files on the "
+            "daemon's filesystem at once (`head -c SIZE /dev/zero > FILE`): what keeping a "
+            "turn's output for a resend costs at the least. Memory: an in-process Trio client streams SIZE bytes "
             "(`stream_prompt_bytes`, direct route), reading at full speed, and reading 1 MB, "
             "pausing 10 s, then the rest; `VmRSS` of the supervisor and the session's worker "
             "sampled every 50 ms; growth = peak - RSS just before the prompt.", "")
@@ -584,6 +586,14 @@ def sec_streaming(doc: Doc, res: Data) -> None:
                            "(MB/s)", many.get("pipe_MBps"), ""),
                  _stat_row(f"{many['sessions']} CLI streams at once, {each} each, aggregate "
                            "(MB/s)", many.get("cli_MBps"), "", "≥ 50 % of the pipes", v)]
+        if isinstance(many.get("file_MBps"), dict):
+            file_ratio = float(many.get("file_ratio") or 0.0)
+            rows += [_stat_row(f"… the same bytes into {many['sessions']} files at once, no "
+                               "socket, no Python (MB/s)", many.get("file_MBps"), ""),
+                     ["… files / pipes; CLI streams / files",
+                      f"{100 * file_ratio:.1f} %; "
+                      f"{100 * ratio / file_ratio if file_ratio else 0.0:.1f} %",
+                      "—", "—", "—", "", ""]]
     mem = d.get("memory")
     if isinstance(mem, dict):
         size = f"{mem['bytes'] / 1e6:,.0f} MB"

@@ -8,7 +8,10 @@ worker and the CLI spent on each stream are reported as a profile hint.
 
 (b) **16 sessions at once**: 16 such CLI processes, each its own session, spawned together; the
 clock runs from the first spawn to the last exit; aggregate throughput against 16 plain pipes
-spawned together, interleaved the same way.
+spawned together, interleaved the same way. A third arm, interleaved with both, writes the same
+bytes into 16 files on the daemon's filesystem (``head -c SIZE /dev/zero > FILE``, 16 at once):
+a turn keeps its output past 64 KiB in a file (a resend of a finished command gets its whole
+answer), so that is what keeping the bytes costs at the least, with no socket and no Python.
 
 (c) **memory**: an in-process Trio client (``stream_prompt_bytes``, the direct route) streams
 SIZE bytes from a shell session, once reading as fast as it can and once reading 1 MB, pausing
@@ -135,6 +138,7 @@ def one_session(size: int, reps: int) -> dict[str, Any]:
 
 def many_sessions(count: int, size: int, reps: int) -> dict[str, Any]:
     pipe: list[float] = []
+    to_file: list[float] = []
     cli: list[float] = []
     sessions = [f"m{i:02d}" for i in range(count)]
     with private_env() as env:
@@ -147,6 +151,15 @@ def many_sessions(count: int, size: int, reps: int) -> dict[str, Any]:
             pipe.append(max(wait_timed(procs, t0, 1800)))
             if any(p.returncode != 0 for p in procs):
                 raise BenchError("a plain pipe failed")
+            floors = [env.home / f"floor-{s}.out" for s in sessions]
+            t0 = time.perf_counter()
+            procs = [subprocess.Popen(["/bin/sh", "-c", f'{_cmd(size)} > "{f}"'],
+                                      stdin=subprocess.DEVNULL) for f in floors]
+            to_file.append(max(wait_timed(procs, t0, 1800)))
+            for f in floors:
+                f.unlink(missing_ok=True)
+            if any(p.returncode != 0 for p in procs):
+                raise BenchError("a plain write to a file failed")
             t0 = time.perf_counter()
             procs = [subprocess.Popen(env.cli("-p", "-s", s, "--agent", "shell", "--",
                                               _cmd(size)), env=env.env,
@@ -159,15 +172,18 @@ def many_sessions(count: int, size: int, reps: int) -> dict[str, Any]:
             _drop_outputs(env)
             total = count * size / MB
             print(f"  {count} sessions x {size / MB:,.0f} MB, rep {rep + 1}/{reps}: pipes "
-                  f"{total / pipe[-1]:,.0f} MB/s, trio-agentd {total / cli[-1]:,.0f} MB/s",
-                  file=sys.stderr)
+                  f"{total / pipe[-1]:,.0f} MB/s, into files {total / to_file[-1]:,.0f} MB/s, "
+                  f"trio-agentd {total / cli[-1]:,.0f} MB/s", file=sys.stderr)
         env.run("shutdown")
     total = count * size / MB
     agg_pipe = summary([total / t for t in pipe], 1.0)
+    agg_file = summary([total / t for t in to_file], 1.0)
     agg_cli = summary([total / t for t in cli], 1.0)
     return {"sessions": count, "bytes_each": size, "pipe_MBps": agg_pipe, "cli_MBps": agg_cli,
-            "ratio": agg_cli["median"] / agg_pipe["median"],
+            "file_MBps": agg_file, "ratio": agg_cli["median"] / agg_pipe["median"],
+            "file_ratio": agg_file["median"] / agg_pipe["median"],
             "samples_cli_s": [round(x, 3) for x in cli],
+            "samples_file_s": [round(x, 3) for x in to_file],
             "samples_pipe_s": [round(x, 3) for x in pipe]}
 
 
