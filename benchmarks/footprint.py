@@ -52,6 +52,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 MB = 1024 * 1024
 
 GOALS = {"idle_cpu_pct": 2.0, "supervisor_rss_mb": 50.0, "worker_pss_mb": 20.0,
+         "worker_pss_per_session_mb": 6.0,
          "scale_sessions": 1000, "scale_supervisor_rss_mb": 60.0, "scale_total_mb": 8192.0}
 SCALE = 1000  # sessions the full run creates at most
 
@@ -224,6 +225,7 @@ def memory(env: Env, sessions: int) -> dict[str, Any]:
             "supervisor_rss_mb": round(s.rss / MB, 2), "supervisor_pss_mb": round(s.pss / MB, 2),
             "supervisor_uss_mb": round(s.uss / MB, 2),
             "worker_rss_mb": summary(rss, 1.0), "worker_pss_mb": summary(pss, 1.0),
+            "worker_pss_mean_mb": round(sum(pss) / len(pss), 3) if pss else None,
             "worker_uss_mb": summary(uss, 1.0),
             "other_children_pss_mb": round(others, 2),
             "total_pss_mb": round(s.pss / MB + sum(pss) + others, 1),

@@ -876,7 +876,8 @@ def sec_footprint(doc: Doc, res: Data) -> None:
             "")
     if not _failed(doc, res):
         for g, goal in (("idle cost", "≤ 2 % of one core"), ("supervisor RSS", "≤ 50 MB"),
-                        ("worker PSS", "≤ 20 MB"), ("scale", _SCALE_GOAL)):
+                        ("worker PSS", "≤ 20 MB"), ("worker PSS per worker", "≤ 6 MB"),
+                        ("scale", _SCALE_GOAL)):
             doc.goal(g, "—", goal, "not measured")
         return
     d = res["data"]
@@ -891,6 +892,11 @@ def sec_footprint(doc: Doc, res: Data) -> None:
     pmax = get(mem, "worker_pss_mb", "max")
     vp = doc.goal("worker PSS (largest worker)", num(pmax, "MB"), "≤ 20 MB",
                   verdict(pmax, 20, unit="MB"))
+    mean = mem.get("worker_pss_mean_mb")
+    vm = doc.goal(f"worker PSS with {mem.get('sessions')} sessions, per worker (mean: the"
+                  " workers' total PSS / workers)",
+                  f"{num(mean, 'MB')} (median {num(get(mem, 'worker_pss_mb', 'median'))},"
+                  f" largest {num(pmax)})", "≤ 6 MB per worker", verdict(mean, 6.0, unit="MB"))
     count, answered, target = sc.get("sessions"), sc.get("answered_again"), sc.get("target")
     smem = sc.get("memory") or {}
     srss, stotal = smem.get("supervisor_rss_mb"), smem.get("total_pss_mb")
@@ -927,6 +933,8 @@ def sec_footprint(doc: Doc, res: Data) -> None:
          f"{num(mem.get('supervisor_pss_mb'))} / {num(mem.get('supervisor_uss_mb'))}",
          "—", "—", "1", "", ""],
         _stat_row("worker PSS (MB)", mem.get("worker_pss_mb"), "", "≤ 20 MB (max)", vp),
+        ["worker PSS, mean (MB)", num(mean), "—", "—", num(get(mem, "worker_pss_mb", "n")),
+         "≤ 6 MB per worker", vm],
         _stat_row("worker RSS (MB)", mem.get("worker_rss_mb"), ""),
         _stat_row("worker USS (MB)", mem.get("worker_uss_mb"), ""),
         ["total PSS, supervisor + workers (MB)", num(mem.get("total_pss_mb")), "—", "—", "1", "",
