@@ -543,8 +543,9 @@ def sec_streaming(doc: Doc, res: Data) -> None:
             "CLI processes at once (each its own session), first spawn to last exit, against "
             "16 plain pipes at once, and against the same bytes written into 16 files on the "
             "daemon's filesystem at once (`head -c SIZE /dev/zero > FILE`): what keeping a "
-            "turn's output for a resend costs at the least. Memory: an in-process Trio client streams SIZE bytes "
-            "(`stream_prompt_bytes`, direct route), reading at full speed, and reading 1 MB, "
+            "turn's output for a resend costs at the least. Memory: an in-process Trio client "
+            "streams SIZE bytes (`stream_prompt_bytes`, direct route), reading at full speed, "
+            "and reading 1 MB, "
             "pausing 10 s, then the rest; `VmRSS` of the supervisor and the session's worker "
             "sampled every 50 ms; growth = peak - RSS just before the prompt.", "")
     if not _failed(doc, res):
