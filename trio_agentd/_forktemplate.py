@@ -8,10 +8,10 @@ a worker) by the supervisor, imports everything a worker imports with the collec
 freezes what they made, runs a warm-up loop to its end (:func:`_warm_up`), collects the
 warm-up's garbage, fills the free blocks of its allocator's pools (:func:`_fill_free_blocks`),
 freezes its heap (``gc.freeze()``, so the children's collector never writes to the objects
-they share) and then waits on a private socketpair (its stdin) for requests; in its idle
-moments it rehearses a worker's session (:mod:`._rehearsal`, :class:`_Rehearsal`), each run a
-whole event loop between two requests. It never forks while a loop or a thread runs, so a
-fork of it is safe.
+they share) and then waits on a private socketpair (its stdin) for requests. It rehearses a
+worker's session (:mod:`._rehearsal`, :class:`_Rehearsal`), each run a whole event loop: one
+run before it says it is ready, the rest in its idle moments, between two requests. It never
+forks while a loop or a thread runs, so a fork of it is safe.
 
 A request carries three descriptors (``SCM_RIGHTS``: the worker's stdin and stdout pipes and
 its log) and the worker's environment. The template forks twice: the grandchild calls
@@ -371,13 +371,14 @@ def _warm_up() -> None:
 
 
 class _Rehearsal:
-    """The template's rehearsal (:mod:`._rehearsal`), a run per idle moment (``quiet``
-    seconds without a request): a request waits for one run at most (a few milliseconds),
-    and the template is ready without it. Once the runs are done the rehearsal's garbage is
-    collected and the free blocks it left filled, as after the warm-up. A run that fails, or
-    takes longer than ``run_max`` seconds (a loaded machine, a slow scratch directory:
-    requests would wait behind the next), ends it: the template forks on without the rest
-    (its workers are as good, only less of their memory is shared), and one line says why."""
+    """The template's rehearsal (:mod:`._rehearsal`): its first run before the template is
+    ready (:data:`._rehearsal.RUNS_BEFORE_READY`), then a run per idle moment (``quiet``
+    seconds without a request): a request waits for one run at most (a few milliseconds).
+    Once the runs are done the rehearsal's garbage is collected and the free blocks it left
+    filled, as after the warm-up. A run that fails, or takes longer than ``run_max`` seconds
+    (a loaded machine, a slow scratch directory: requests would wait behind the next), ends
+    it: the template forks on without the rest (its workers are as good, only less of their
+    memory is shared), and one line says why."""
 
     def __init__(self, runs: int, *, run_max: float | None = None,
                  run: Callable[[], None] | None = None,
@@ -513,6 +514,12 @@ def serve_template() -> None:
         except (OSError, ValueError) as exc:
             # a template without it still forks good workers (each pays its first run itself)
             _say(f"warm-up failed ({exc}); serving without it")
+        from ._rehearsal import RUNS, RUNS_BEFORE_READY
+
+        rehearsal = _Rehearsal(RUNS)
+        for _ in range(RUNS_BEFORE_READY):
+            if rehearsal.left:
+                rehearsal.run_one()
         _no_thread()
         # the warm-up's garbage (cycles: tasks, frames) collected, then every free block in
         # the pools filled (see _fill_free_blocks), then what is new since frozen too
@@ -523,9 +530,7 @@ def serve_template() -> None:
             _say(f"free blocks not filled ({exc})")
         gc.freeze()
         _reply(sock, {"ready": os.getpid()})
-        from ._rehearsal import RUNS
-
-        start = _serve(sock, _Rehearsal(RUNS))
+        start = _serve(sock, rehearsal)
     except (BrokenPipeError, ConnectionResetError):
         start = None  # the supervisor is gone
     if start is None:

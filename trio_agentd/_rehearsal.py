@@ -41,6 +41,11 @@ from .timing import DEFAULT_TIMING, timing_from_env
 
 # a function is specialised for what it meets after its eighth call (Python 3.11)
 RUNS = 10
+# runs before the template says it is ready: the first run does what a worker would otherwise do
+# first in every worker forked before the rest (imports inside functions, lazy caches, code
+# objects quickened); a burst of workers forked at once after a cold start would each pay it.
+# One run costs a cold start no time it can measure; ten cost it about 30 ms
+RUNS_BEFORE_READY = 1
 PROMPTS = 3  # per route and run: a turn's second and later prompts take the warm paths
 _TOKEN = "rehearsal-token"
 _GENERATION = "rehearsal"

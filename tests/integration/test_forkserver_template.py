@@ -396,11 +396,11 @@ def test_the_early_template_holds_only_its_socket_and_stdio_and_runs_in_root(
 def test_the_template_rehearses_between_requests_and_leaves_nothing_behind(
     tmp_path: Path,
 ) -> None:
-    """Ready before its rehearsal: a request sent at once is answered before the rehearsal's
-    runs are done (at most the one under way goes first); once they are, the template holds
-    only its socket and stdio, its scratch directories are gone (and a killed template's
-    left before it started), and it forks as before."""
-    from trio_agentd._rehearsal import RUNS, SCRATCH_PREFIX
+    """Ready after the rehearsal's first run, before the rest: a request already waiting
+    when it is ready is answered first, with the runs before ready done and no other; once
+    the rest are done, the template holds only its socket and stdio, its scratch directories
+    are gone (and a killed template's left before it started), and it forks as before."""
+    from trio_agentd._rehearsal import RUNS, RUNS_BEFORE_READY, SCRATCH_PREFIX
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid names no process now: its scratch is a killed template's leftover
@@ -412,8 +412,10 @@ def test_the_template_rehearses_between_requests_and_leaves_nothing_behind(
     theirs.close()
     ours.settimeout(30)
     try:
+        _send(ours, {"status": True}, [])  # waiting before the template is even ready
         assert _recv(ours) == {"ready": proc.pid}
-        assert _rehearsal_left(ours) >= RUNS - 1
+        assert _recv(ours) == {"rehearsal_left": RUNS - RUNS_BEFORE_READY}
+        assert 0 < RUNS_BEFORE_READY < RUNS
         _rehearsed(ours)
         fds = _fds(proc.pid)
         # stdin, stdout on /dev/null; stderr ours (inherited); one socket, its own
