@@ -378,7 +378,8 @@ class _Rehearsal:
     filled, as after the warm-up. A run that fails, or takes longer than ``run_max`` seconds
     (a loaded machine, a slow scratch directory: requests would wait behind the next), ends
     it: the template forks on without the rest (its workers are as good, only less of their
-    memory is shared), and one line says why."""
+    memory is shared), and one line says why. A run still going at ``run_max`` is cancelled
+    then (one that hangs: nobody waits on it longer)."""
 
     def __init__(self, runs: int, *, run_max: float | None = None,
                  run: Callable[[], None] | None = None,
@@ -401,7 +402,7 @@ class _Rehearsal:
             from ._rehearsal import clear_stale, rehearse, scratch_root
 
             clear_stale(scratch_root() or tempfile.gettempdir())
-            self._run = lambda: rehearse(1)
+            self._run = lambda: rehearse(1, self.run_max)
         t0 = self._clock()
         try:
             self._run()

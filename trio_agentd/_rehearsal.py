@@ -97,11 +97,13 @@ async def _session(scratch: Path) -> None:
         cwd="/",
     )
     config = WorkerConfig.from_json(config.to_json())
-    async with trio.open_nursery() as nursery:
+    async with contextlib.AsyncExitStack() as opened, trio.open_nursery() as nursery:
         ready = trio.Event()
         nursery.start_soon(partial(run_worker, config, timing_from_env(), ready.set))
         await ready.wait()
+        # closed however the run ends (a run past its deadline is cancelled anywhere)
         sup = MessageStream(await trio.open_unix_socket(config.worker_socket))
+        opened.push_async_callback(sup.aclose)
         await _expect(sup, WorkerHello)
         await sup.send(Auth(token=_TOKEN, generation=_GENERATION, pid=pid,
                             start_id=start_id, socket=_SOCKET))
@@ -111,6 +113,7 @@ async def _session(scratch: Path) -> None:
                                    args={"text": "hi", "command_id": i + 1}))
             await _answer(sup, i + 1)
         client = MessageStream(await trio.open_unix_socket(config.worker_socket))
+        opened.push_async_callback(client.aclose)
         await _expect(client, WorkerHello)
         grant = make_grant(_TOKEN, _SESSION, _GENERATION,
                            time.time() + DEFAULT_TIMING.grant_ttl)
@@ -212,21 +215,38 @@ def _worker_logging(path: Path) -> Iterator[None]:
         root.setLevel(level)
 
 
-def rehearse(runs: int = RUNS) -> None:
+async def _session_within(scratch: Path, deadline: float | None) -> None:
+    if deadline is None:
+        await _session(scratch)
+        return
+    with trio.fail_after(deadline):
+        await _session(scratch)
+
+
+def rehearse(runs: int = RUNS, deadline: float | None = None, *,
+             clock: trio.abc.Clock | None = None) -> None:
     """Serve one rehearsed session ``runs`` times, each in its own event loop and scratch
-    directory (private, under :func:`scratch_root`, removed after).
+    directory (private, under :func:`scratch_root`, removed after); a run still going after
+    ``deadline`` seconds is cancelled (a stuck scratch filesystem, a worker that waits on
+    something forever), so that a request, or the template's readiness, never waits on it
+    longer. ``clock``: the event loop's (tests).
 
     Raises:
         OSError: no scratch directory or socket pair (out of descriptors, a full disk), or
             the scratch directory could not be removed.
         RehearsalFailed: the session did not answer as a real one does (inside the event
-            loop's exception group).
+            loop's exception group), or a run went past ``deadline``.
     """
     root = scratch_root()
     for _ in range(runs):
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root))
         try:
             with _worker_logging(scratch / "worker.log"), _signals_kept():
-                trio.run(_session, scratch)
+                try:
+                    trio.run(_session_within, scratch, deadline, clock=clock)
+                except trio.TooSlowError:
+                    raise RehearsalFailed(
+                        f"a run went on past {deadline:g} s (a loaded machine or a slow scratch"
+                        " directory) and was cancelled") from None
         finally:
             shutil.rmtree(scratch)

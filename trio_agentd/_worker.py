@@ -60,38 +60,55 @@ async def run_worker(
 
     registry = Path(config.registry)
     agent = load_agent(config.agent, config.agent_path)
-    watcher = registry_watcher(registry, poll=poll_refence)
+    # what it opens is closed however it ends (a stop, an error, a cancellation: the fork
+    # template's rehearsal cancels a run that hangs), not left to the collector
+    with contextlib.ExitStack() as opened:
+        watcher = registry_watcher(registry, poll=poll_refence)
+        if watcher is not None:
+            opened.callback(watcher.close)
 
-    def read_record(generation: str) -> bytes | None:
-        return read_bytes(registry / f"{generation}.owner" / "owner.json")
+        def read_record(generation: str) -> bytes | None:
+            return read_bytes(registry / f"{generation}.owner" / "owner.json")
 
-    records = CachedRecords(read_record, watcher.pending) if watcher is not None else None
-    watch_claims, wait_change = (
-        watched_refence(watcher, registry, timing, lambda: core.conns,
-                        on_wake=records.invalidate if records is not None else lambda: None)
-        if watcher is not None else (None, None)
-    )
-    journal = Journal(Path(config.journal))
-    transcript = Transcript(Path(config.session_dir), limits=log_limits or Limits())
-    core = WorkerCore(
-        session_id=config.session_id,
-        agent=agent,
-        token=config.token,
-        supervisor_socket=config.supervisor_socket,
-        read_record=records if records is not None else read_record,
-        journal=journal,
-        transcript=transcript,
-        cwd=Path(config.cwd),
-        timing=timing,
-        peer_pid=_so_peercred_pid,
-        watch_claims=watch_claims,
-        wait_change=wait_change,
-    )
-    path = config.worker_socket
-    prove_socket_dir(os.path.dirname(path))  # never bind where another user can listen
-    listener = listen_unix(path)
-    bound_ino = os.stat(path).st_ino
-    on_ready()
+        records = CachedRecords(read_record, watcher.pending) if watcher is not None else None
+        watch_claims, wait_change = (
+            watched_refence(watcher, registry, timing, lambda: core.conns,
+                            on_wake=records.invalidate if records is not None else lambda: None)
+            if watcher is not None else (None, None)
+        )
+        journal = Journal(Path(config.journal))
+        opened.callback(journal.close)
+        transcript = Transcript(Path(config.session_dir), limits=log_limits or Limits())
+        opened.callback(transcript.close)
+        core = WorkerCore(
+            session_id=config.session_id,
+            agent=agent,
+            token=config.token,
+            supervisor_socket=config.supervisor_socket,
+            read_record=records if records is not None else read_record,
+            journal=journal,
+            transcript=transcript,
+            cwd=Path(config.cwd),
+            timing=timing,
+            peer_pid=_so_peercred_pid,
+            watch_claims=watch_claims,
+            wait_change=wait_change,
+        )
+        path = config.worker_socket
+        prove_socket_dir(os.path.dirname(path))  # never bind where another user can listen
+        listener = listen_unix(path)
+        opened.callback(listener.socket.close)
+        opened.callback(_unlink_if_same, path, os.stat(path).st_ino)
+        on_ready()
+        stopped_by = await _serve(core, listener)
+        transcript.event("worker_stopped", pid=os.getpid(),
+                         **({"signal": stopped_by[0]} if stopped_by else {}))
+        transcript.sync()
+
+
+async def _serve(core: WorkerCore, listener: trio.SocketListener) -> list[str]:
+    """Serve ``listener`` until the worker stops; the name of the signal that stopped it, if
+    one did."""
     stopped_by: list[str] = []
     with _stop_signals_received() as signals:
         async with trio.open_nursery() as nursery:
@@ -133,18 +150,16 @@ async def run_worker(
             if stopped_by:  # an operator's signal: a clean stop, which the supervisor is told
                 await core.announce_stopped(f"stopped cleanly on signal {stopped_by[0]}")
             nursery.cancel_scope.cancel()
-    transcript.event("worker_stopped", pid=os.getpid(),
-                     **({"signal": stopped_by[0]} if stopped_by else {}))
-    transcript.sync()
-    transcript.close()
+    return stopped_by
+
+
+def _unlink_if_same(path: str, ino: int) -> None:
+    """Unlink the socket this worker bound, unless another has been bound there since."""
     try:
-        if os.stat(path).st_ino == bound_ino:
+        if os.stat(path).st_ino == ino:
             os.unlink(path)
     except OSError:
         pass
-    journal.close()
-    if watcher is not None:
-        watcher.close()
 
 
 def listen_unix(path: str) -> trio.SocketListener:

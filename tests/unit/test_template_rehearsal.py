@@ -3,7 +3,9 @@ fakes) and where its scratch directories go."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -11,8 +13,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+import trio
+import trio.testing
+
 from trio_agentd._forktemplate import HEADER, _Rehearsal, _serve
+from trio_agentd._protocol import Response
 from trio_agentd._rehearsal import SCRATCH_PREFIX, RehearsalFailed, clear_stale, scratch_root
+from trio_agentd._stream import MessageStream
 
 
 class Clock:
@@ -163,3 +171,82 @@ def test_scratch_left_by_a_killed_template_is_cleared_and_a_live_ones_kept(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [live.name, other.name, elsewhere.name, link.name])
     assert clear_stale(str(tmp_path / "missing")) == []
+
+
+def _fds() -> dict[int, str]:
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+    return out
+
+
+def test_a_run_that_hangs_is_cancelled_at_its_deadline_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck run (here: one that waits forever) cannot hold the template: it is cancelled at
+    its deadline, exactly (virtual time), and its scratch directory goes."""
+    from trio_agentd import _rehearsal
+
+    ended: list[float] = []
+
+    async def hang(scratch: Path) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            ended.append(trio.current_time())
+
+    monkeypatch.setattr(_rehearsal, "_session", hang)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    with pytest.raises(RehearsalFailed, match=r"a run went on past 0\.25 s .* was cancelled"):
+        _rehearsal.rehearse(1, 0.25, clock=clock)
+    assert ended == [0.25]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_real_run_cancelled_midway_leaves_no_descriptor_handler_or_scratch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rehearsed worker, up and serving two connections, a prompt journalled, cancelled at
+    the deadline (its fake supervisor stops waiting for the answer: the fake clock then jumps
+    there), closes everything it opened: its journal, transcript, socket, connections."""
+    from trio_agentd import _rehearsal
+
+    answered = _rehearsal._answer
+    stuck: list[float] = []
+
+    async def stuck_after_first(ms: MessageStream, rid: int) -> Response:
+        if rid == 1 and not stuck:
+            await answered(ms, rid)  # the first answer read: the worker is fully up
+            stuck.append(trio.current_time())
+            await trio.sleep_forever()
+        return await answered(ms, rid)
+
+    monkeypatch.setattr(_rehearsal, "_answer", stuck_after_first)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    root = logging.getLogger()
+    handlers, fds = list(root.handlers), _fds()
+    with pytest.raises(RehearsalFailed, match="was cancelled"):
+        _rehearsal.rehearse(1, 0.25, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(stuck) == 1
+    assert stuck[0] < 0.25
+    assert root.handlers == handlers
+    assert _fds() == fds
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_template_gives_each_run_its_run_max_as_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trio_agentd import _rehearsal
+
+    asked: list[tuple[int, float | None]] = []
+    monkeypatch.setattr(_rehearsal, "rehearse",
+                        lambda runs=1, deadline=None: asked.append((runs, deadline)))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    r = _Rehearsal(2, run_max=0.3, clock=Clock(), say=lambda line: None)
+    r.run_one()
+    r.run_one()
+    assert asked == [(1, 0.3), (1, 0.3)]
+    assert r.left == 0
