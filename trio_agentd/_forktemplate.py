@@ -407,8 +407,13 @@ class _Rehearsal:
         try:
             self._run()
         except Exception as exc:  # never the template's end: its workers do not need it
+            where = ""
+            if isinstance(_first(exc), OSError):
+                where = ("; its scratch directory goes under $TMPDIR, else /dev/shm: point"
+                         " TMPDIR at a private directory with room to fix it")
             self._say(f"rehearsal failed ({_cause(exc)}); forking without the rest of it (the"
-                      " workers are as good, they only share less memory with the template)")
+                      " workers are as good, they only share less memory with the template)"
+                      f"{where}")
             self.left = 0
             return
         took = self._clock() - t0
@@ -433,9 +438,15 @@ class _Rehearsal:
 def _cause(exc: BaseException) -> str:
     """``exc`` in one line: its type and message; for an event loop's exception group, its
     first exception's."""
+    exc = _first(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _first(exc: BaseException) -> BaseException:
+    """``exc``, or for an exception group (an event loop's) its first exception."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
+    return exc
 
 
 def _say(line: str) -> None:

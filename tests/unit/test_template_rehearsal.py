@@ -51,7 +51,8 @@ def test_a_failed_run_ends_the_rehearsal_with_one_line() -> None:
     assert r.left == 0
     assert said == ["rehearsal failed (OSError: [Errno 28] No space left on device); forking"
                     " without the rest of it (the workers are as good, they only share less"
-                    " memory with the template)"]
+                    " memory with the template); its scratch directory goes under $TMPDIR, else"
+                    " /dev/shm: point TMPDIR at a private directory with room to fix it"]
 
 
 def test_a_run_failing_inside_its_event_loop_is_told_by_its_first_exception() -> None:
@@ -64,6 +65,7 @@ def test_a_run_failing_inside_its_event_loop_is_told_by_its_first_exception() ->
     _Rehearsal(10, run=fail, clock=Clock(), say=said.append).run_one()
     assert said[0].startswith("rehearsal failed (RehearsalFailed: the rehearsed worker refused:"
                               " busy); ")
+    assert "TMPDIR" not in said[0]  # not a matter of its scratch directory
 
 
 def test_a_run_longer_than_run_max_ends_the_rehearsal_a_run_at_the_limit_does_not() -> None:
