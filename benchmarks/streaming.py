@@ -270,7 +270,7 @@ def run(quick: bool) -> dict[str, Any]:
     errors: dict[str, str] = {}
     parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("one", lambda: one_session(size, 2 if quick else 3)),
-        ("many", lambda: many_sessions(16, (25 if quick else 250) * MB, 1 if quick else 2)),
+        ("many", lambda: many_sessions(16, (25 if quick else 250) * MB, 1 if quick else 3)),
         ("memory", lambda: memory(size, 10.0, 1 if quick else 2)),
     ]
     for name, fn in parts:
