@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -215,15 +216,12 @@ def _worker_logging(path: Path) -> Iterator[None]:
         root.setLevel(level)
 
 
-async def _session_within(scratch: Path, deadline: float | None) -> None:
-    if deadline is None:
-        await _session(scratch)
-        return
+async def _session_within(scratch: Path, deadline: float) -> None:
     with trio.fail_after(deadline):
         await _session(scratch)
 
 
-def rehearse(runs: int = RUNS, deadline: float | None = None, *,
+def rehearse(runs: int = RUNS, deadline: float = math.inf, *,
              clock: trio.abc.Clock | None = None) -> None:
     """Serve one rehearsed session ``runs`` times, each in its own event loop and scratch
     directory (private, under :func:`scratch_root`, removed after); a run still going after
