@@ -75,6 +75,21 @@ class UntrustedFile(ValueError):
     one, with this message as the logged reason."""
 
 
+def torn_tail(data: bytes) -> int | None:
+    """Where the last line of a file's ``data`` starts if it is torn (no newline: its writer was
+    killed in the middle of an append, which the kernel cuts at a page boundary), else ``None``."""
+    return data.rfind(b"\n") + 1 if data and not data.endswith(b"\n") else None
+
+
+def seal_torn_tail(fd: int, start: int) -> None:
+    """End a torn last line (starting at ``start``) with a newline, so the next record starts a
+    line of its own and parses; with no room for that byte, cut the torn line off instead."""
+    try:
+        write_all(fd, b"\n")
+    except OSError:
+        os.ftruncate(fd, start)
+
+
 def open_trusted(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
     """``os.open`` that refuses a symlink and a file that is not ours or is writable by others.
 

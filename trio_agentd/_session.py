@@ -94,6 +94,7 @@ class Transcript:
         except _fs.UntrustedFile as exc:
             log.error("ignoring the transcript: %s", exc)
             data = b""
+        self._torn = _fs.torn_tail(data)  # sealed when the file is opened to append
         for line in data.split(b"\n"):
             try:
                 rec = json.loads(line)
@@ -151,6 +152,9 @@ class Transcript:
         if self._fd is None:
             _fs.ensure_dir(self.dir)
             self._fd = _fs.open_trusted(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            if self._torn is not None:
+                _fs.seal_torn_tail(self._fd, self._torn)
+                self._torn = None
         while self.pending:
             if self._size is None:  # (the file's size is read once per open, then kept)
                 self._size = os.fstat(self._fd).st_size

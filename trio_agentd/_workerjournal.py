@@ -50,11 +50,9 @@ class Journal:
         self.state = _journal.parse(data)
         self._lines = len(self.state.accepted) + len(self.state.completed)
         self._fd = _fs.open_trusted(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        if data and not data.endswith(b"\n"):
-            try:
-                write_all(self._fd, b"\n")  # seal a truncated tail so the next record parses
-            except OSError:
-                os.ftruncate(self._fd, data.rfind(b"\n") + 1)  # no room: cut the torn tail
+        torn = _fs.torn_tail(data)
+        if torn is not None:
+            _fs.seal_torn_tail(self._fd, torn)
         self._offset = os.fstat(self._fd).st_size  # end of the last good record
         self._torn: int | None = None  # a cut that failed: the offset to cut back to first
         self.written = 0  # sequence number of the last record written

@@ -135,9 +135,9 @@ class Load:
 
 
 
-def _turns(path: Path) -> list[dict[str, Any]]:
+def _turns(path: Path, torn_allowed: int) -> list[dict[str, Any]]:
     """The transcript's turn records (it also holds events: workers started, stopped)."""
-    return [rec for rec in _jsonl(path) if rec.get("kind") == "turn"]
+    return [rec for rec in _jsonl(path, torn_allowed) if rec.get("kind") == "turn"]
 
 def _client_thread(layout: Layout, load: Load, index: int, seed: int, deadline: float,
                    effects: Path, clients: list[SyncClient]) -> None:
@@ -649,7 +649,7 @@ class WideChaos:
         for s in (*ECHO, SHELL):
             self.check_session(s, [r for r in sent if r.session == s], journal_dir, effects)
         for s in IDLE:
-            tr = _turns(env.home / "sessions" / s / "transcript.jsonl")
+            tr = _turns(env.home / "sessions" / s / "transcript.jsonl", self.kills_of[s])
             assert [line["prompt"] for line in tr] == [
                 r.text for r in self.idle_prompts if r.session == s]
             assert [int(line["turn"]) for line in tr] == list(range(1, len(tr) + 1))
@@ -677,14 +677,14 @@ class WideChaos:
     def check_session(self, s: str, sent: list[Sent], journal_dir: Path,
                       effects: Counter[str]) -> None:
         env = self.env
-        tr = _turns(env.home / "sessions" / s / "transcript.jsonl")
+        tr = _turns(env.home / "sessions" / s / "transcript.jsonl", self.kills_of[s])
         turns = [int(line["turn"]) for line in tr]
         assert turns == list(range(1, len(tr) + 1)), f"{s}: turns {turns}"
         raw = (journal_dir / f"{s}.jsonl").read_bytes()
         parsed = _journal.parse(raw)
         # 0 accepted commands lost: each accepted one ended (completed or interrupted)
         assert parsed.pending() == [], self.explain_pending(s, parsed.pending(), sent, raw)
-        journal = _jsonl(journal_dir / f"{s}.jsonl")
+        journal = _jsonl(journal_dir / f"{s}.jsonl", self.kills_of[s])
         accepted = {(j["client_id"], str(j["id"])): j for j in journal if j["kind"] == "accepted"}
         completed = {(j["client_id"], str(j["id"])): j for j in journal
                      if j["kind"] == "completed"}

@@ -4,6 +4,8 @@ file system for each line."""
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import json
 import os
 from pathlib import Path
 
@@ -56,3 +58,53 @@ def test_the_kept_size_still_rotates_at_the_limit(tmp_path: Path) -> None:
     assert path.stat().st_size <= 400
     assert (tmp_path / "s1" / "transcript.jsonl.1").stat().st_size <= 400
     assert Transcript(tmp_path / "s1").turns == 20
+
+
+def _torn_transcript(tmp_path: Path) -> tuple[Path, bytes]:
+    """A transcript whose writer was killed in the middle of its third line: the kernel cut the
+    write at a page boundary, so the file ends without that line's newline."""
+    first = Transcript(tmp_path / "s1")
+    first.append({"kind": "turn", "turn": 1, "prompt": "p1", "reply": "r\n",
+                  "client_id": "c", "id": 1})
+    first.append({"kind": "turn", "turn": 2, "prompt": "p2", "reply": "r\n",
+                  "client_id": "c", "id": 2})
+    first.close()
+    good = first.path.read_bytes()
+    with first.path.open("ab") as f:
+        f.write(b'{"kind":"turn","turn":3,"prompt":"p3","re')
+    return first.path, good
+
+
+def test_a_torn_last_line_is_sealed_so_the_next_line_parses(tmp_path: Path) -> None:
+    path, good = _torn_transcript(tmp_path)
+    again = Transcript(tmp_path / "s1")
+    assert again.turns == 2  # the torn turn is not counted (the journal transcribes it again)
+    again.event("worker_started", pid=1)
+    again.close()
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    assert lines[-3] == b'{"kind":"turn","turn":3,"prompt":"p3","re'  # alone on its line
+    assert json.loads(lines[-2])["event"] == "worker_started"
+    assert path.read_bytes().startswith(good)
+
+
+def test_a_torn_last_line_is_cut_off_when_there_is_no_room_to_seal_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, good = _torn_transcript(tmp_path)
+    from trio_agentd import _fs
+
+    real = _fs.write_all
+
+    def no_room_for_the_seal(fd: int, data: bytes) -> None:
+        if data == b"\n":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data)
+
+    monkeypatch.setattr(_fs, "write_all", no_room_for_the_seal)
+    again = Transcript(tmp_path / "s1")
+    again.event("worker_started", pid=1)
+    again.close()
+    data = path.read_bytes()
+    assert data.startswith(good)
+    assert json.loads(data[len(good):])["event"] == "worker_started"
