@@ -168,6 +168,19 @@ class ForkServer:
             if self._proc is not None:
                 with trio.move_on_after(EXIT_WAIT, shield=True):
                     await self._proc.wait()
+                if self._proc.returncode is not None:
+                    self._clear_scratch()
+
+    def _clear_scratch(self) -> None:
+        """Remove what the killed template left of a rehearsal run it was in (no later template
+        may start to clear it: the supervisor is stopping)."""
+        from ._scratch import clear_stale, root_of
+
+        try:
+            clear_stale(root_of(self._env))
+        except OSError as exc:
+            log.warning("the worker fork template's rehearsal scratch directory could not be"
+                        " removed: %s", exc)
 
     async def _run_once(self) -> bool:
         """Start a template and wait for it to exit; whether it ever got ready.

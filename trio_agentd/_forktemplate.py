@@ -397,11 +397,10 @@ class _Rehearsal:
     def run_one(self) -> None:
         """One run, and whether to go on (:attr:`left`)."""
         if self._run is None:  # the first run: what killed templates left goes first
-            import tempfile
+            from ._rehearsal import rehearse
+            from ._scratch import clear_stale, root_of
 
-            from ._rehearsal import clear_stale, rehearse, scratch_root
-
-            clear_stale(scratch_root() or tempfile.gettempdir())
+            clear_stale(root_of())
             self._run = lambda: rehearse(1, self.run_max)
         t0 = self._clock()
         try:

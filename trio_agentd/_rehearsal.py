@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 import signal
-import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,9 +31,10 @@ from pathlib import Path
 import trio
 
 from ._grant import make_grant
-from ._identity import _pid_exists, own_start_id
+from ._identity import own_start_id
 from ._ownership import RECORD_VERSION, OwnerRecord, Phase
 from ._protocol import Attach, Auth, AuthOk, Message, Request, Response, WorkerHello
+from ._scratch import SCRATCH_PREFIX, scratch_root
 from ._stream import MessageStream
 from ._worker import _rotating_log, run_worker
 from ._workerconfig import WorkerConfig
@@ -147,53 +147,6 @@ def _signals_kept() -> Iterator[None]:
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-
-
-SCRATCH_PREFIX = "trio-agentd-rehearsal-"
-
-
-def clear_stale(root: str) -> list[str]:
-    """Remove the scratch directories that templates killed mid-run left in ``root`` (named
-    ``SCRATCH_PREFIX<pid>-…``, ours, not a symlink, their pid gone); the names removed. A
-    live pid's (another template's, rehearsing now; or a reused pid) are left alone."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return removed
-    for name in names:
-        if not name.startswith(SCRATCH_PREFIX):
-            continue
-        pid_text = name[len(SCRATCH_PREFIX):].partition("-")[0]
-        path = os.path.join(root, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if (not pid_text.isdigit() or not stat.S_ISDIR(st.st_mode)
-                or st.st_uid != os.getuid() or _pid_exists(int(pid_text))):
-            continue
-        shutil.rmtree(path, onerror=_gone_is_fine)
-        removed.append(name)
-    return removed
-
-
-def _gone_is_fine(_func: object, _path: str, exc_info: tuple[type[BaseException],
-                                                           BaseException, object]) -> None:
-    """A race with another template clearing the same directory: whoever removes a file
-    first wins; any other error is raised."""
-    if not isinstance(exc_info[1], FileNotFoundError):
-        raise exc_info[1]
-
-
-def scratch_root(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
-    """Where the scratch directories go: ``$TMPDIR`` if set; else ``/dev/shm`` where it can
-    be written (memory: the rehearsal's journal flushes cost no disk, and no slow disk makes
-    a request wait behind them); else the system's temporary directory (``None``)."""
-    if env.get("TMPDIR"):
-        return env["TMPDIR"]
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
 @contextlib.contextmanager

@@ -400,7 +400,8 @@ def test_the_template_rehearses_between_requests_and_leaves_nothing_behind(
     when it is ready is answered first, with the runs before ready done and no other; once
     the rest are done, the template holds only its socket and stdio, its scratch directories
     are gone (and a killed template's left before it started), and it forks as before."""
-    from trio_agentd._rehearsal import RUNS, RUNS_BEFORE_READY, SCRATCH_PREFIX
+    from trio_agentd._rehearsal import RUNS, RUNS_BEFORE_READY
+    from trio_agentd._scratch import SCRATCH_PREFIX
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid names no process now: its scratch is a killed template's leftover
@@ -432,3 +433,26 @@ def test_the_template_rehearses_between_requests_and_leaves_nothing_behind(
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait(timeout=10)
+
+
+async def test_a_stopped_supervisor_clears_what_its_killed_template_was_rehearsing_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The template is killed when the supervisor stops, maybe in the middle of a rehearsal
+    run: no later template starts to clear that run's scratch directory, so the supervisor
+    does, once the template is reaped. Another live process's is left alone."""
+    from trio_agentd._scratch import SCRATCH_PREFIX
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    fs = ForkServer(restart_delay=0.5)
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-rehearsing"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fs.run)
+        template = await _ready_template(fs)
+        # what a run in flight holds when the template is killed
+        (tmp_path / f"{SCRATCH_PREFIX}{template}-mid-run" / "session").mkdir(parents=True)
+        (tmp_path / f"{SCRATCH_PREFIX}{template}-mid-run" / "w.sock").touch()
+        live.mkdir()
+        nursery.cancel_scope.cancel()
+    assert not _alive(template)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]

@@ -19,7 +19,8 @@ import trio.testing
 
 from trio_agentd._forktemplate import HEADER, _Rehearsal, _serve
 from trio_agentd._protocol import Response
-from trio_agentd._rehearsal import SCRATCH_PREFIX, RehearsalFailed, clear_stale, scratch_root
+from trio_agentd._rehearsal import RehearsalFailed
+from trio_agentd._scratch import SCRATCH_PREFIX, clear_stale, scratch_root
 from trio_agentd._stream import MessageStream
 
 
