@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import math
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -37,6 +38,7 @@ from ._framing import RECEIVE_SIZE, Framing
 from ._protocol import MAX_FRAME, Message, encode
 
 BACKENDS = ("asyncio", "trio")
+_PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 
 T = TypeVar("T")
 
@@ -139,18 +141,54 @@ class Inbox(Generic[T]):
             self._room = room = self._event()
             await room.wait()
 
+    def force(self, item: T) -> None:
+        """Hold ``item`` now, past the bound: a reader cancelled while it waited for room
+        leaves its message here rather than lose it (at most one over, per cancelled put)."""
+        if not self._abandoned:
+            self._items.append(item)
+
     async def get(self) -> T | None:
         """The next message, or ``None`` once the reader ended and everything held was got."""
         while not self._items:
             if self._ended or self._abandoned:
                 return None
-            self._waiter = waiter = self._event()
-            await waiter.wait()
+            await self.wait()
+        return self.take()
+
+    def take(self) -> T | None:
+        """The next message held, or ``None`` if none is (without waiting)."""
+        if not self._items:
+            return None
         item = self._items.popleft()
         if self._room is not None:
             self._room.set()
             self._room = None
         return item
+
+    @property
+    def over(self) -> bool:
+        """Nothing held, and nothing more will come (ended, or abandoned)."""
+        return not self._items and (self._ended or self._abandoned)
+
+    @property
+    def holding(self) -> bool:
+        """A message is held, or the end is: :meth:`get` would not wait."""
+        return bool(self._items) or self._ended or self._abandoned
+
+    async def wait(self) -> None:
+        """Wait until a message or the end comes, or :meth:`nudge` is called."""
+        if self.holding:
+            return
+        self._waiter = waiter = self._event()
+        await waiter.wait()
+
+    def nudge(self) -> bool:
+        """Wake the consumer waiting in :meth:`wait` (whether it waits)."""
+        if self._waiter is None:
+            return False
+        self._waiter.set()
+        self._waiter = None
+        return True
 
     def end(self) -> None:
         """Nothing more will come (the connection ended)."""
@@ -265,6 +303,26 @@ class MessageStream(Framing):
             raise anyio.BrokenResourceError from exc
         await direct.yield_()  # bytes were there: one trip through the loop, as Trio's recv
         return data
+
+    @property
+    def can_tell_closed(self) -> bool:
+        """Whether :meth:`peer_closed` can tell (Trio's socket, read directly)."""
+        return self._direct is not None
+
+    def peer_closed(self) -> bool:
+        """Whether the peer closed the connection (or broke it), found without reading a
+        message or waiting: a connection that nobody reads while it is idle learns it here.
+        ``False`` where it cannot tell (see :attr:`can_tell_closed`)."""
+        if self._eof or self._closed:
+            return True
+        if self._direct is None:
+            return False
+        try:
+            return not self._direct.sock.recv(1, _PEEK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     async def aclose(self) -> None:
         self._closed = True

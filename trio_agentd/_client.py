@@ -110,35 +110,89 @@ class _Connection:
         self.silence = Silence(native()[1])
         self.watchers = 0  # prompts outstanding that watch the peer's liveness
         self._watch_scope: anyio.CancelScope | None = None
+        # no reader task: each request reads for all while it waits (see next_for); only
+        # where an idle connection can tell that its peer closed it without reading
+        self.leads = False
+        self.reading = False  # a request reads for all now
 
     async def run_reader(self) -> None:
-        """Route responses and events by request id. A request whose consumer does not keep up
-        stops this reader (bounded channel, awaited): the peer's sends then block, and so does
-        the agent behind them — backpressure, never a dropped chunk or an unbounded buffer."""
+        """Route responses and events by request id until the connection ends. A request
+        whose consumer does not keep up stops this reader (bounded inbox, awaited): the peer's
+        sends then block, and so does the agent behind them — backpressure, never a dropped
+        chunk or an unbounded buffer."""
         try:
-            while True:
+            await self._read(None)
+        finally:
+            self._end()
+            await self.ms.aclose()
+
+    async def next_for(self, inbox: Inbox[Response | Event]) -> Response | Event | None:
+        """The next message of the request whose inbox is ``inbox``, or ``None`` at the end.
+
+        On a connection that :attr:`leads` (no reader task), a request whose message is not
+        there yet and that finds nobody reading reads for everyone until one comes for itself
+        (or the end), then hands the reading to another request waiting, if any. So a lone
+        request reads its own answer: no trip through the scheduler from a reader task to it.
+        """
+        while True:
+            msg = inbox.take()
+            if msg is not None or inbox.over:
+                return msg
+            if self.reading or not self.leads:
+                await inbox.wait()  # a message, the end, or a nudge: the reading is ours
+                continue
+            self.reading = True
+            try:
+                if not await self._read(inbox):
+                    self._end()
+                    await self.ms.aclose()
+            finally:
+                self.reading = False
+                for other in self.pending.values():
+                    if other is not inbox and other.nudge():
+                        break
+
+    async def _read(self, inbox: Inbox[Response | Event] | None) -> bool:
+        """Read and route messages until ``inbox`` holds one (``None``: for ever): ``True``;
+        ``False`` once the connection ended (closed, broken, or a bad frame: :attr:`error`)."""
+        try:
+            while inbox is None or not inbox.holding:
                 self.silence.waiting()
                 msg = await self.ms.receive()
                 self.silence.arrived()
                 if msg is None:
-                    break
+                    return False
                 if isinstance(msg, Response | Event) and isinstance(msg.id, int):
-                    inbox = self.pending.get(msg.id)
+                    target = self.pending.get(msg.id)
                     # room in the inbox: no trip through the scheduler (a request that is
                     # gone drops it)
-                    if inbox is not None and not inbox.offer(msg):
-                        await inbox.put(msg)
+                    if target is not None and not target.offer(msg):
+                        try:
+                            await target.put(msg)
+                        except BaseException:
+                            target.force(msg)  # cancelled while waiting for room: kept
+                            raise
+            return True
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+            return False
         except AgentdError as exc:  # a malformed or oversized frame: fail the calls with it
             self.error = AgentdError(
                 exc.code, f"the daemon sent a bad frame: {exc.message}", exc.details
             )
-        finally:
+            return False
+
+    def _end(self) -> None:
+        """The connection is over: every pending request is told (the caller closes it)."""
+        self.closed = True
+        for inbox in self.pending.values():
+            inbox.end()
+
+    def idle_and_closed(self) -> bool:
+        """A connection nobody reads whose peer closed it meanwhile (only one that
+        :attr:`leads` can tell): marked closed, so that it is not used again."""
+        if self.leads and not self.reading and not self.closed and self.ms.peer_closed():
             self.closed = True
-            for inbox in self.pending.values():
-                inbox.end()
-            await self.ms.aclose()
+        return self.closed
 
     def watch_from(
         self, nursery: _TaskStarter, ping: Callable[[], Request], timing: Timing,
@@ -276,7 +330,7 @@ class Client:
                 await conn.ms.send(Request(id=rid, op=op, client_id=self.client_id, args=args))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 raise _Lost("send failed") from None
-            while (msg := await inbox.get()) is not None:
+            while (msg := await conn.next_for(inbox)) is not None:
                 if isinstance(msg, Event):
                     if on_event is not None:
                         handled = on_event(msg.event)
@@ -434,15 +488,24 @@ class Client:
 
     async def _attached(self, session: str, route: dict[str, Any]) -> _Connection:
         conn = self._direct.get(session)
-        if conn is not None and not conn.closed:
+        if conn is not None and not conn.idle_and_closed():
             return conn  # attached already: no lock (and no trip through the scheduler)
         async with self._attach_lock:
             conn = self._direct.get(session)
-            if conn is None or conn.closed:
+            if conn is None or conn.idle_and_closed():
+                if conn is not None and conn.leads:
+                    self._nursery.start_soon(conn.ms.aclose)  # (no reader closed it)
                 conn = await _attach(route, self.timing)
                 self._direct[session] = conn
-                self._nursery.start_soon(conn.run_reader)
+                self._read_direct(conn)
             return conn
+
+    def _read_direct(self, conn: _Connection) -> None:
+        """How a direct connection is read: by the requests waiting on it (it :attr:`leads`)
+        where an idle one can tell that its worker closed it; else by a reader task."""
+        conn.leads = conn.ms.can_tell_closed
+        if not conn.leads:
+            self._nursery.start_soon(conn.run_reader)
 
     def _forget_route(self, session: str) -> None:
         self._routes.pop(session, None)
@@ -797,6 +860,9 @@ async def open_client(
                 yield client
             finally:
                 tasks.cancel_scope.cancel()
-                if client._conn is not None:
-                    with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
-                        await client._conn.ms.aclose()
+                # (the direct connections that lead have no reader task to close them)
+                conns = [*client._direct.values(), client._conn]
+                with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                    for conn in conns:
+                        if conn is not None:
+                            await conn.ms.aclose()

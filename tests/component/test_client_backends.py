@@ -120,7 +120,7 @@ async def client_with(
                 conn = _client._Connection(MessageStream(ours), None, route=route)
                 conn.silence = CountingSilence()
                 client._direct[session] = conn
-                tasks.start_soon(conn.run_reader)
+                client._read_direct(conn)
             return conn
 
         client._request_supervisor = request_supervisor  # type: ignore[method-assign]
@@ -210,11 +210,17 @@ async def test_a_caller_that_does_not_keep_up_stops_the_reader_not_the_buffer(
                 await peer.sent_enough.wait()
                 conn = client._direct["s1"]
                 assert isinstance(conn.silence, CountingSilence)
-                await conn.silence.full.wait()
+                if conn.leads:
+                    await anyio.wait_all_tasks_blocked()
+                else:
+                    await conn.silence.full.wait()
             # ...but the client read only what its bounded buffer holds: the reader waits for
-            # the caller, the worker's sends block once the socket is full
+            # the caller, the worker's sends block once the socket is full. A connection the
+            # request reads itself (on Trio) reads nothing while its caller is busy: only the
+            # message the caller holds was read
             assert len(got) == 1
-            assert conn.silence.received == bound
+            assert conn.silence.received == (1 if conn.leads else bound)
+            assert conn.leads == (anyio_backend == "trio")
             assert peer.sent_chunks < CHUNKS
             hold.set()
         assert got == [CHUNK] * CHUNKS
@@ -444,3 +450,61 @@ async def test_a_message_stream_raises_anyios_errors_whoever_closed_it(
     with pytest.raises(anyio.BrokenResourceError):
         await ms.send(Request(id=1, op="ping"))
     await ms.aclose()
+
+
+async def test_an_idle_direct_connection_its_worker_closed_is_attached_again_at_once(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that closes an idle client's connection (nobody is reading it on Trio: the
+    requests read it themselves) costs the next prompt a new attach with the route it has, not
+    a failed send, a pause and a new route from the supervisor."""
+    assert_on(anyio_backend)
+
+    async def echo(peer: FakePeer, req: Request) -> None:
+        await peer.reply(int(req.id or 0), reply=req.args["text"])
+
+    peers: list[FakePeer] = []
+    scopes: list[anyio.CancelScope] = []
+    async with anyio.create_task_group() as tasks:
+
+        async def serve(peer: FakePeer, scope: anyio.CancelScope) -> None:
+            with scope:
+                await peer.serve()
+
+        async def attach(route: dict[str, Any], timing: Any) -> _client._Connection:
+            ours, theirs = await socket_stream_pair()
+            peer = FakePeer(theirs, echo)
+            peers.append(peer)
+            scopes.append(anyio.CancelScope())
+            tasks.start_soon(serve, peer, scopes[-1])
+            return _client._Connection(MessageStream(ours), None, route=route)
+
+        monkeypatch.setattr(_client, "_attach", attach)
+        client = _client.Client(tasks, Layout(home="/h", socket="/s/d.sock", registry="/r"),
+                                TIMING, autostart=False)
+        routes = 0
+
+        async def request_supervisor(rid: int, op: str, args: dict[str, Any],
+                                     on_event: Any) -> Any:
+            nonlocal routes
+            routes += 1
+            await anyio.lowlevel.checkpoint()
+            return {"session": "s1", "agent": "echo", "worker_socket": "/w.sock",
+                    "worker_pid": 4242, "grant": "g", "expires": time.time() + 3600}
+
+        client._request_supervisor = request_supervisor  # type: ignore[method-assign]
+        with anyio.fail_after(SETTLE):
+            assert (await client.request("prompt", {"session": "s1", "text": "a"}))["reply"] == "a"
+            scopes[0].cancel()  # the worker drops the idle connection
+            await peers[0].ms.stream.aclose()
+            await anyio.wait_all_tasks_blocked()
+            assert (await client.request("prompt", {"session": "s1", "text": "b"}))["reply"] == "b"
+        assert (len(peers), routes, client.reroutes) == (2, 1, 0)
+        assert [r.args["text"] for r in peers[1].requests] == ["b"]
+        for scope in scopes:
+            scope.cancel()
+        for conn in client._direct.values():
+            await conn.ms.aclose()
+        for peer in peers:
+            await peer.ms.stream.aclose()
+        tasks.cancel_scope.cancel()

@@ -394,11 +394,12 @@ async def test_an_attached_session_gets_its_connection_without_the_attach_lock(
     pytest.fail("the attached session waited for the attach lock")
 
 
-async def test_a_prompt_on_a_direct_route_costs_its_caller_one_step_and_the_reader_one() -> None:
+async def test_a_prompt_on_a_direct_route_costs_its_caller_one_step_and_no_other_task_any(
+) -> None:
     """The client's side of a sequential prompt over a real socket, on Trio: the caller's frame
-    goes out with no trip through the run loop and its answer is taken without another, so
-    the caller's task steps once (woken with its answer) and the connection's reader once (woken
-    by the worker's bytes) per prompt."""
+    goes out with no trip through the run loop, and the caller reads its answer itself (no
+    reader task hands it over), so its task steps once per prompt (woken by the worker's bytes)
+    and no other task steps at all."""
     from tests.component.test_client_backends import FakePeer, client_with
 
     async def answer(peer: FakePeer, req: Request) -> None:
@@ -419,7 +420,8 @@ async def test_a_prompt_on_a_direct_route_costs_its_caller_one_step_and_the_read
         finally:
             trio.lowlevel.remove_instrument(steps)
     assert steps.steps[caller] == prompts
-    assert steps.steps["run_reader"] == prompts
+    # the fake worker's own tasks besides (they answer in this process)
+    assert set(steps.steps) == {caller, "serve", "answer"}, steps.steps
 
 
 @pytest.mark.usefixtures("no_worker_errors")
@@ -569,3 +571,68 @@ async def test_a_drained_socket_whose_peer_resets_it_is_a_broken_resource() -> N
         await a.aclose()
         with pytest.raises(trio.BrokenResourceError):
             await receiver.receive_line()
+
+
+def _leading(stream: trio.abc.Stream, *rids: int, size: int = 4) -> tuple[
+    _Connection, list[Inbox[Response | Event]]
+]:
+    """A connection read by its requests (no reader task), with ``rids`` pending."""
+    conn = _Connection(_trio_framed(stream), None)
+    conn.leads = True
+    inboxes: list[Inbox[Response | Event]] = []
+    for rid in rids:
+        inbox: Inbox[Response | Event] = Inbox(size, trio.Event)
+        conn.pending[rid] = inbox
+        inboxes.append(inbox)
+    return conn, inboxes
+
+
+async def test_a_request_that_got_its_answer_hands_the_reading_to_one_still_waiting(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    ours, theirs = memory_stream_pair()
+    conn, (first, second) = _leading(ours, 1, 2)
+    got: dict[int, object] = {}
+
+    async def wait_for(rid: int, inbox: Inbox[Response | Event]) -> None:
+        msg = await conn.next_for(inbox)
+        assert isinstance(msg, Response)
+        got[rid] = (msg.result, trio.current_time())
+
+    nursery.start_soon(wait_for, 1, first)
+    await trio.testing.wait_all_tasks_blocked()
+    assert conn.reading  # the first request reads
+    nursery.start_soon(wait_for, 2, second)
+    await trio.testing.wait_all_tasks_blocked()
+    await theirs.send_all(encode(Response(id=1, ok=True, result="one")))
+    await trio.testing.wait_all_tasks_blocked()
+    assert got == {1: ("one", 0.0)}
+    await trio.sleep(5)
+    # the second request reads now: its answer, coming later, is not left unread
+    await theirs.send_all(encode(Response(id=2, ok=True, result="two")))
+    with trio.fail_after(1):
+        while 2 not in got:
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(0.1)
+    assert got[2] == ("two", 5.0)
+    assert not conn.reading
+    await theirs.aclose()
+
+
+async def test_a_request_cancelled_while_reading_for_another_loses_none_of_its_messages(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """The reading request holds a message for another whose inbox is full: cancelled then
+    (its caller gave up), it leaves the message in that inbox, past the bound by one."""
+    ours, theirs = memory_stream_pair()
+    conn, (slow, reader) = _leading(ours, 1, 2, size=1)
+    events = [Event(id=1, event={"kind": "chunk", "n": n}) for n in range(3)]
+    await theirs.send_all(b"".join(encode(e) for e in events))
+    with trio.move_on_after(1) as scope:
+        await conn.next_for(reader)  # reads for request 1: one fits, the next waits for room
+    assert scope.cancelled_caught
+    assert not conn.reading
+    assert [slow.take(), slow.take()] == events[:2]
+    # the third is still on the wire, for whoever reads next
+    assert await conn.next_for(slow) == events[2]
+    await theirs.aclose()
