@@ -107,9 +107,9 @@ def _clear_scratch(pids: list[int]) -> None:
     """Remove the rehearsal scratch directories of the fork templates among ``pids`` that were
     just killed. They live where a user's would (``/dev/shm``, unless ``TMPDIR`` is set), not
     in the private root: the benchmarks measure what a user gets."""
-    from trio_agentd._rehearsal import SCRATCH_PREFIX, scratch_root
+    from trio_agentd._scratch import SCRATCH_PREFIX, root_of
 
-    where = scratch_root(os.environ) or tempfile.gettempdir()
+    where = root_of(os.environ)
     for pid in pids:
         for path in Path(where).glob(f"{SCRATCH_PREFIX}{pid}-*"):
             shutil.rmtree(path, ignore_errors=True)
