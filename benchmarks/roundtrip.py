@@ -26,7 +26,8 @@ then talks to the session's worker); the client's ``reroutes``/``reconnects`` ar
 Throughput: 64 concurrent clients (tasks of one process) over 8 sessions for one window; and 8
 and 64 client *processes* (:mod:`benchmarks._load`) over 8 sessions, against the same number of
 client processes over 8 relay-chain floor servers (one per session, each with its journal),
-with the server CPU per prompt of each.
+with the server CPU per prompt of each: both sets started, then windows of the two taking turns
+(``PAIRS`` of each); the share of the floor is the median of the pairs' ratios.
 
 Usage: ``python -m benchmarks.roundtrip [N] [SECONDS]`` — N sequential prompts (default
 10,000), then the throughput windows of SECONDS each (default 20).
@@ -34,12 +35,14 @@ Usage: ``python -m benchmarks.roundtrip [N] [SECONDS]`` — N sequential prompts
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import trio
@@ -227,11 +230,10 @@ def _child_env(env: Env) -> dict[str, str]:
     return {**env.env, "PYTHONPATH": here if not path else f"{here}{os.pathsep}{path}"}
 
 
-def _processes(env: Env, targets: list[list[str]], seconds: float,
-               server_pids: list[int]) -> dict[str, Any]:
-    """One :mod:`benchmarks._load` process per entry of ``targets`` (its arguments), all
-    started, warmed up and then let go at once for ``seconds``; prompts/s over the window and
-    the server CPU (``server_pids``) per prompt."""
+@contextlib.contextmanager
+def _load_processes(env: Env, targets: list[list[str]]) -> Iterator[list[subprocess.Popen[str]]]:
+    """One :mod:`benchmarks._load` process per entry of ``targets`` (its arguments), started
+    and warmed up; on the way out their stdin is closed (they exit) and any left is killed."""
     procs: list[subprocess.Popen[str]] = []
     try:
         for start in range(0, len(targets), _BATCH):  # a few at a time: 64 cold starts at once
@@ -244,16 +246,10 @@ def _processes(env: Env, targets: list[list[str]], seconds: float,
                 assert p.stdout is not None
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"load client {p.args!r} did not start")
-        cpu0 = _cpu_of(server_pids)
+        yield procs
         for p in procs:
             assert p.stdin is not None
-            p.stdin.write(f"go {seconds}\n")
-            p.stdin.flush()
-        results = []
-        for p in procs:
-            assert p.stdout is not None
-            results.append(json.loads(p.stdout.readline()))
-        cpu1 = _cpu_of(server_pids)
+            p.stdin.close()
         for p in procs:
             p.wait(timeout=30)
     finally:
@@ -261,10 +257,63 @@ def _processes(env: Env, targets: list[list[str]], seconds: float,
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _window(procs: list[subprocess.Popen[str]], seconds: float,
+            server_pids: list[int]) -> dict[str, Any]:
+    """Let every process go at once for ``seconds``: prompts/s over the window and the server
+    CPU (``server_pids``) per prompt."""
+    cpu0 = _cpu_of(server_pids)
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(f"go {seconds}\n")
+        p.stdin.flush()
+    results = []
+    for p in procs:
+        assert p.stdout is not None
+        results.append(json.loads(p.stdout.readline()))
+    cpu1 = _cpu_of(server_pids)
     done = sum(r["done"] for r in results)
-    return {"clients": len(targets), "prompts_per_s": done / seconds, "prompts": float(done),
+    return {"clients": len(procs), "prompts_per_s": done / seconds, "prompts": float(done),
             "errors": float(sum(r["errors"] for r in results)), "seconds": seconds,
             "cpu_ms": (cpu1 - cpu0) / max(done, 1) * 1000}
+
+
+def _median_window(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The windows as one: their total counts, the median rate and CPU per prompt."""
+    return {"clients": windows[0]["clients"],
+            "prompts_per_s": statistics.median(w["prompts_per_s"] for w in windows),
+            "prompts": sum(w["prompts"] for w in windows),
+            "errors": sum(w["errors"] for w in windows),
+            "seconds": sum(w["seconds"] for w in windows),
+            "cpu_ms": statistics.median(w["cpu_ms"] for w in windows),
+            "windows": [round(w["prompts_per_s"]) for w in windows]}
+
+
+def _interleaved(env: Env, clients: int, relays: list[str], relay_pids: list[int],
+                 sessions: list[str], agentd_pids: list[int], seconds: float) -> dict[str, Any]:
+    """``clients`` floor clients and as many prompting clients, all started; then
+    ``PAIRS`` pairs of windows of ``seconds`` each, the two kinds taking turns (the first of a
+    pair alternates): the share is the median of the pairs' ratios, so a drift of the
+    machine's speed during the run moves both sides of a pair alike."""
+    with _load_processes(env, [["floor", relays[i % SESSIONS]] for i in range(clients)]) as fl, \
+            _load_processes(env, [["agentd", sessions[i % SESSIONS]]
+                                  for i in range(clients)]) as ag:
+        floors: list[dict[str, Any]] = []
+        prompts: list[dict[str, Any]] = []
+        for pair in range(PAIRS):
+            if pair % 2 == 0:
+                floors.append(_window(fl, seconds, relay_pids))
+                prompts.append(_window(ag, seconds, agentd_pids))
+            else:
+                prompts.append(_window(ag, seconds, agentd_pids))
+                floors.append(_window(fl, seconds, relay_pids))
+    shares = [p["prompts_per_s"] / f["prompts_per_s"] for p, f in zip(prompts, floors, strict=True)
+              if f["prompts_per_s"]]
+    return {"clients": clients, "floor": _median_window(floors),
+            "prompts": _median_window(prompts),
+            "share": statistics.median(shares) if shares else None,
+            "shares": [round(x, 3) for x in shares]}
 
 
 def _start_floor(env: Env, path: str, journal: str | None) -> subprocess.Popen[bytes]:
@@ -291,13 +340,15 @@ async def _pids_of(env: Env, sessions: list[str]) -> list[int]:
 _BATCH = 8
 SESSIONS = 8
 CLIENT_PROCESSES = (8, 64)
+PAIRS = 3  # windows of the floor's and of the daemon's client processes, taking turns
 
 
 def run(n: int = 10_000, seconds: float = 20.0, reps: int = 1) -> dict[str, Any]:
     """``reps`` runs of ``n`` sequential prompts (``roundtrip`` is the first, ``roundtrip_runs``
     all of them), each after a run of the floors (``floor_runs``); then one throughput window
     of ``seconds`` (with its per-second counts) of 64 tasks in this process, and for 8 and 64
-    client processes one window of the floor and one of the prompts (``processes``)."""
+    client processes ``PAIRS`` windows of the floor and as many of the prompts, taking turns,
+    ``seconds`` in all for each (``processes``)."""
     with private_env() as env:
         env.run("-p", "-s", "rt", "warm")
         floor_sock = str(env.root / "s" / "floor.sock")
@@ -320,13 +371,9 @@ def run(n: int = 10_000, seconds: float = 20.0, reps: int = 1) -> dict[str, Any]
             thr = trio.run(_throughput, env, 64, SESSIONS, seconds)
             sessions = [f"t{s}" for s in range(SESSIONS)]
             agentd_pids = trio.run(_pids_of, env, sessions)
-            procs: list[dict[str, Any]] = []
-            for clients in CLIENT_PROCESSES:
-                floor = _processes(env, [["floor", relays[i % SESSIONS]] for i in range(clients)],
-                                   seconds, relay_pids)
-                prompts = _processes(env, [["agentd", sessions[i % SESSIONS]]
-                                           for i in range(clients)], seconds, agentd_pids)
-                procs.append({"clients": clients, "floor": floor, "prompts": prompts})
+            procs = [_interleaved(env, clients, relays, relay_pids, sessions, agentd_pids,
+                                  seconds / PAIRS)
+                     for clients in CLIENT_PROCESSES]
         finally:
             for server in servers:
                 server.kill()
@@ -352,7 +399,8 @@ def main() -> None:
     for p in res["processes"]:
         print(f"{p['clients']} client processes: {p['prompts']['prompts_per_s']:.0f} prompts/s"
               f" ({p['prompts']['cpu_ms']:.3f} ms CPU each), floor"
-              f" {p['floor']['prompts_per_s']:.0f}/s ({p['floor']['cpu_ms']:.3f} ms CPU each)")
+              f" {p['floor']['prompts_per_s']:.0f}/s ({p['floor']['cpu_ms']:.3f} ms CPU each);"
+              f" share {p['share']:.3f} (pairs {p['shares']})")
 
 
 if __name__ == "__main__":
