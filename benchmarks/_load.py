@@ -7,8 +7,8 @@
 
 Both warm up, print ``ready``, then for each line ``go SECONDS`` on stdin run for that long and
 print ``{"done": N, "errors": E}``, until stdin ends: the parent starts every process, waits for
-every ``ready`` and then lets them all go at once, so the windows overlap; it can let the same
-processes go again (windows of the floor's and of the daemon's clients taking turns).
+every ``ready`` and then lets them all go at once, so the windows overlap (and may let them go
+again).
 """
 
 from __future__ import annotations

@@ -425,9 +425,9 @@ def sec_roundtrip(doc: Doc, res: Data) -> None:
             "over 8 sessions for one window, the spread over its 1-second buckets; then 8 and 64 "
             "client *processes* (`benchmarks/_load.py`, started and warmed up, then let go at "
             "once) over 8 sessions, against as many client processes over 8 relay-chain floor "
-            "servers (one per session) in the same run: both sets of processes started, then "
-            "three pairs of windows (a third of the time each), the two sets taking turns; the "
-            "share of the floor is the median of the pairs' ratios.",
+            "servers (one per session) in the same run: three pairs of windows (a third of the "
+            "time each), the two kinds taking turns, each window's processes started for it and "
+            "gone after it; the share of the floor is the median of the pairs' ratios.",
             "")
     if not _failed(doc, res):
         doc.goal("round trip p50", "—", f"≤ {RT_P50} ms", "not measured")
