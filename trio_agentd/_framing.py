@@ -36,9 +36,9 @@ class Framing:
         """Whether a whole line is buffered already (a pipelined request, read with this one)."""
         return self._buf.find(b"\n", self._scanned) >= 0
 
-    async def receive_line(self) -> bytes | None:
-        """The next line (without newline), or ``None`` at end of stream (a half line at the
-        end is dropped: the peer never finished it).
+    async def _line_end(self) -> int | None:
+        """Where the next line ends (its newline's index in the buffer; nothing is consumed),
+        or ``None`` at end of stream.
 
         Raises:
             FrameTooLarge: a line exceeded the limit.
@@ -51,31 +51,49 @@ class Framing:
                 return None
         if nl > self._limit:
             raise FrameTooLarge(self._limit)
+        return nl
+
+    async def receive_line(self) -> bytes | None:
+        """The next line (without newline), or ``None`` at end of stream (a half line at the
+        end is dropped: the peer never finished it).
+
+        Raises:
+            FrameTooLarge: a line exceeded the limit.
+        """
+        nl = await self._line_end()
+        if nl is None:
+            return None
         line = bytes(self._buf[:nl])
         del self._buf[: nl + 1]
         self._scanned = 0
         return line
 
-    async def _receive_exact(self, n: int) -> bytes | None:
-        while len(self._buf) < n:
-            if not await self._fill(n - len(self._buf)):
-                return None
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
-
     async def receive(self) -> Message | None:
-        """The next decoded message, or ``None`` at end of stream (decode errors raise)."""
-        line = await self.receive_line()
-        if line is None:
+        """The next decoded message, or ``None`` at end of stream (decode errors raise; the
+        bad line is consumed, so the next receive reads on after it).
+
+        An event with a raw payload is consumed only once the payload is buffered whole: a
+        receive cancelled while the payload is on its way leaves the frame to the next one.
+        """
+        nl = await self._line_end()
+        if nl is None:
             return None
-        msg = decode(line)
-        if isinstance(msg, Event) and msg.raw:
-            if not 0 < msg.raw <= self._limit:
+        try:
+            msg = decode(bytes(self._buf[:nl]))
+            if isinstance(msg, Event) and msg.raw and not 0 < msg.raw <= self._limit:
                 raise FrameTooLarge(self._limit)
-            data = await self._receive_exact(msg.raw)
-            if data is None:
-                return None  # the peer never finished the payload
-            msg.event["data"] = data
+        except BaseException:
+            del self._buf[: nl + 1]
+            self._scanned = 0
+            raise
+        end = nl + 1
+        if isinstance(msg, Event) and msg.raw:
+            end += msg.raw
+            while len(self._buf) < end:
+                if not await self._fill(end - len(self._buf)):
+                    return None  # the peer never finished the payload
+            msg.event["data"] = bytes(self._buf[nl + 1:end])
             msg.raw = 0
+        del self._buf[:end]
+        self._scanned = 0
         return msg

@@ -34,7 +34,7 @@ from tests.component.test_direct_route import (
 from trio_agentd._aio import Inbox
 from trio_agentd._client import _Connection
 from trio_agentd._errors import AgentdError
-from trio_agentd._protocol import Attach, Event, Request, Response, encode
+from trio_agentd._protocol import Attach, Event, Request, Response, encode, encode_raw_event
 from trio_agentd._stream import MessageStream
 from trio_agentd._workerjournal import Journal
 from trio_agentd.agents import EchoAgent
@@ -635,4 +635,22 @@ async def test_a_request_cancelled_while_reading_for_another_loses_none_of_its_m
     assert [slow.take(), slow.take()] == events[:2]
     # the third is still on the wire, for whoever reads next
     assert await conn.next_for(slow) == events[2]
+    await theirs.aclose()
+
+
+async def test_a_request_cancelled_in_the_middle_of_another_ones_chunk_leaves_it_whole(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    ours, theirs = memory_stream_pair()
+    conn, (other, reader) = _leading(ours, 1, 2)
+    data = bytes(range(256)) * 512
+    header = encode_raw_event(1, {"kind": "chunk", "stream": "stdout", "at": 0}, data)
+    await theirs.send_all(header + data[:5000])
+    with trio.move_on_after(1) as scope:
+        await conn.next_for(reader)  # reading request 1's chunk when its caller gives up
+    assert scope.cancelled_caught
+    await theirs.send_all(data[5000:])
+    msg = await conn.next_for(other)
+    assert isinstance(msg, Event)
+    assert msg.event["data"] == data
     await theirs.aclose()

@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from trio_agentd._errors import AgentdError
 from trio_agentd._protocol import MAX_FRAME, Event, FrameTooLarge, Request, encode
 from trio_agentd._stream import MessageStream
 from trio_agentd._syncconn import _Conn, _Malformed
@@ -91,3 +92,36 @@ def test_the_blocking_client_refuses_a_raw_length_out_of_bounds() -> None:
         theirs.sendall(b'{"type":"event","id":1,"event":{},"raw":%d}\n' % (MAX_FRAME + 1))
         with pytest.raises(_Malformed):
             _Conn(ours).read_message(5)
+
+
+async def test_a_receive_cancelled_while_a_payload_is_on_its_way_leaves_the_frame_whole(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The async client's requests read for each other, and a caller may give up while it
+    reads: the frame it was in the middle of is the next receive's, header and all."""
+    a, b = trio.testing.memory_stream_pair()
+    receiver = MessageStream(b)
+    header = encode(Event(id=1, event={"kind": "chunk", "at": 0}, raw=len(PAYLOAD)))
+    await a.send_all(header + PAYLOAD[:1000])
+    with trio.move_on_after(1) as scope:
+        await receiver.receive()
+    assert scope.cancelled_caught
+    await a.send_all(PAYLOAD[1000:] + encode(Request(id=2, op="ping")))
+    msg = await receiver.receive()
+    assert isinstance(msg, Event)
+    assert (msg.id, msg.event) == (1, {"kind": "chunk", "at": 0, "data": PAYLOAD})
+    after = await receiver.receive()
+    assert isinstance(after, Request)
+    assert after.id == 2
+
+
+async def test_a_line_that_does_not_decode_is_consumed_so_the_next_receive_reads_on() -> None:
+    a, b = trio.testing.memory_stream_pair()
+    receiver = MessageStream(b)
+    await a.send_all(b"{not json}\n" + encode(Request(id=2, op="ping")))
+    with pytest.raises(AgentdError) as info:
+        await receiver.receive()
+    assert info.value.code == "bad_request"
+    after = await receiver.receive()
+    assert isinstance(after, Request)
+    assert after.id == 2
