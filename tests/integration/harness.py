@@ -9,7 +9,10 @@ by name — and teardown SIGKILLs them.
 
 from __future__ import annotations
 
+import errno
+import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from trio_agentd.testing._daemon import DaemonEnv as DaemonEnv
@@ -23,3 +26,21 @@ def failure_status(cp: subprocess.CompletedProcess[Any]) -> int:
     from trio_agentd._cli_exit import EXIT_FAIL, EXIT_OWN
 
     return EXIT_OWN if "-p" in cp.args or "prompt" in cp.args else EXIT_FAIL
+
+
+def wipe(path: Path) -> None:
+    """Delete a tree as a cleaner does, under a live daemon that may make part of it again
+    meanwhile: a directory filled again between ``rmtree``'s listing and its ``rmdir``
+    (``ENOTEMPTY``), or a file replaced while it was listed, is wiped again, so the deletion
+    never fails on the race."""
+    for _ in range(100):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:  # a file renamed over or removed while rmtree listed it
+            if not path.exists():
+                return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+    raise AssertionError(f"{path} was made again faster than it could be deleted, 100 times")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 
 from trio_agentd._cli_exit import EXIT_OWN
 
-from .harness import DaemonEnv, daemon_env, wait_for
+from .harness import DaemonEnv, daemon_env, wait_for, wipe
 
 RESTORED = re.compile(
     r"Restored supervisor owner record for generation (\w+) after external removal"
@@ -48,7 +47,7 @@ def _seed_incident(env: DaemonEnv, delete: str) -> None:
         (rec_dir / "owner.json").unlink()
         (rec_dir / "scope.json").unlink()
     else:
-        shutil.rmtree(rec_dir)
+        wipe(rec_dir)
     procs = [env.popen("-p", "-s", "s1", f"launch {i}") for i in range(15)]
     results = [(p.returncode, *p.communicate(timeout=60)) for p in procs]
     results = [(p.returncode, out, err) for p, (_, out, err) in zip(procs, results, strict=True)]

@@ -4,10 +4,9 @@ later crash still finds every worker to adopt."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 
-from .harness import DaemonEnv, wait_for
+from .harness import DaemonEnv, wait_for, wipe
 
 
 def test_deleted_state_and_registry_are_made_again_and_adoption_still_works(
@@ -16,9 +15,9 @@ def test_deleted_state_and_registry_are_made_again_and_adoption_still_works(
     assert denv.prompt("one", session="w") == "[echo turn 1] one"
     worker = next(d["pid"] for d in denv.descriptors() if d["session"] == "w")
     state = denv.state_dir()
-    shutil.rmtree(state)
-    shutil.rmtree(denv.registry)
-    shutil.rmtree(denv.home / "sessions" / "w")
+    wipe(state)
+    wipe(denv.registry)
+    wipe(denv.home / "sessions" / "w")
     # the supervisor's self-check makes it all again: descriptor, token, owner record, meta
     wait_for(lambda: (state / "workers" / "w.json").exists(), timeout=10,
              what="the descriptor to be written again")
@@ -42,8 +41,8 @@ def test_ps_finds_a_supervisor_that_lost_every_file_by_its_command_line(
     timing = json.dumps({"self_check_interval": 3600})  # no healing: every file stays lost
     p = denv.popen("--socket", other, "daemon", env={"TRIO_AGENTD_TIMING": timing})
     wait_for(lambda: denv.hello(other), timeout=30, what="the supervisor on other.sock")
-    shutil.rmtree(denv.registry)
-    shutil.rmtree(denv.home / "daemons")
+    wipe(denv.registry)
+    wipe(denv.home / "daemons")
     cp = denv.run("ps", "--json")
     assert cp.returncode == 0, cp.stderr
     rows = {r["socket"]: r for r in json.loads(cp.stdout)}
