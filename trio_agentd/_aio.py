@@ -182,6 +182,15 @@ class Inbox(Generic[T]):
         self._waiter = waiter = self._event()
         await waiter.wait()
 
+    def unwait(self) -> None:
+        """The consumer stopped waiting (cancelled): a nudge finds nobody here."""
+        self._waiter = None
+
+    @property
+    def ended(self) -> bool:
+        """The connection ended (:meth:`end`)."""
+        return self._ended
+
     def nudge(self) -> bool:
         """Wake the consumer waiting in :meth:`wait` (whether it waits)."""
         if self._waiter is None:
@@ -386,6 +395,11 @@ class Silence:
         self.waiting_since = self._clock()
         self._poke()
 
+    def idle(self) -> None:
+        """The reader stopped waiting without a message (its wait was cancelled)."""
+        self.waiting_since = None
+        self._poke()
+
     def arrived(self) -> None:
         self.waiting_since = None
         self.received += 1
@@ -397,7 +411,8 @@ class Silence:
             self._changed = None
 
     async def wait_silent(
-        self, seconds: float, *, since: float = -math.inf, baseline: int | None = None
+        self, seconds: float, *, since: float = -math.inf, baseline: int | None = None,
+        idle_ends: Callable[[], bool] | None = None,
     ) -> bool:
         """Wait until the reader has waited ``seconds`` on the peer with nothing arriving,
         counted from ``since`` at the earliest: ``True``. If ``baseline`` is given, return
@@ -407,11 +422,15 @@ class Silence:
         deadline the reader's state gives and looks again (a reader that is not waiting is
         looked at again ``seconds`` later, which is no later than its wait could end), so a
         busy connection costs its reader two attribute writes per message, not a wakeup.
+        ``idle_ends``: looked at each time nobody was waiting ``seconds`` on; ``True`` ends the
+        wait (``False`` returned): a connection its requests read is not read while idle.
         """
         while baseline is None:
             start = self.waiting_since
             if start is None:
                 await anyio.sleep(seconds)
+                if idle_ends is not None and idle_ends():
+                    return False
                 continue
             deadline = max(start, since) + seconds
             if anyio.current_time() >= deadline:
@@ -452,7 +471,7 @@ async def watch(
     connection when this returns or is cancelled by a timeout.
     """
     while True:
-        await silence.wait_silent(interval)
+        await silence.wait_silent(interval, idle_ends=lambda: not active())
         if not active():
             return None
         at = anyio.current_time()

@@ -91,6 +91,9 @@ class _TaskStarter(Protocol):
     ) -> object: ...
 
 
+_Starter = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]  # starts a task
+
+
 class _Lost(Exception):
     """The connection ended before the response."""
 
@@ -114,6 +117,7 @@ class _Connection:
         # where an idle connection can tell that its peer closed it without reading
         self.leads = False
         self.reading = False  # a request reads for all now
+        self._start_reader: _Starter | None = None
 
     async def run_reader(self) -> None:
         """Route responses and events by request id until the connection ends. A request
@@ -139,7 +143,13 @@ class _Connection:
             if msg is not None or inbox.over:
                 return msg
             if self.reading or not self.leads:
-                await inbox.wait()  # a message, the end, or a nudge: the reading is ours
+                try:
+                    await inbox.wait()  # a message, the end, or a nudge: the reading is ours
+                except BaseException:
+                    # cancelled: a nudge that came meanwhile (the reading handed to us) goes on
+                    inbox.unwait()
+                    self._hand_over(inbox)
+                    raise
                 continue
             self.reading = True
             try:
@@ -148,9 +158,32 @@ class _Connection:
                     await self.ms.aclose()
             finally:
                 self.reading = False
-                for other in self.pending.values():
-                    if other is not inbox and other.nudge():
-                        break
+                if not self.leads and not self.closed and self._start_reader is not None:
+                    self._start_reader(self.run_reader)  # (see read_for_the_gone)
+                self._hand_over(inbox)
+
+    def _hand_over(self, inbox: Inbox[Response | Event]) -> None:
+        """Nobody reads: wake another request waiting, to read (if the requests read)."""
+        if self.reading or not self.leads:
+            return
+        for other in self.pending.values():
+            if other is not inbox and other.nudge():
+                return
+
+    def read_for_the_gone(self, start: _Starter) -> None:
+        """A request left before its answer (its caller gave up, its consumer stopped): what
+        the worker still sends it must be read and dropped, whoever waits or not, or the turn
+        stalls on a full socket. From now on a reader task reads this connection (``start``
+        starts it, now or when the request reading now is done)."""
+        if not self.leads or self.closed:
+            return
+        self.leads = False
+        if self.reading:
+            self._start_reader = start
+        else:
+            start(self.run_reader)
+            for other in self.pending.values():
+                other.nudge()  # (waiting for the reading: the reader's now)
 
     async def _read(self, inbox: Inbox[Response | Event] | None) -> bool:
         """Read and route messages until ``inbox`` holds one (``None``: for ever): ``True``;
@@ -158,7 +191,11 @@ class _Connection:
         try:
             while inbox is None or not inbox.holding:
                 self.silence.waiting()
-                msg = await self.ms.receive()
+                try:
+                    msg = await self.ms.receive()
+                except BaseException:
+                    self.silence.idle()  # (cancelled: nobody waits on the peer now)
+                    raise
                 self.silence.arrived()
                 if msg is None:
                     return False
@@ -182,10 +219,13 @@ class _Connection:
             return False
 
     def _end(self) -> None:
-        """The connection is over: every pending request is told (the caller closes it)."""
+        """The connection is over: every pending request is told (the caller closes it), and
+        its liveness watcher has nothing left to watch."""
         self.closed = True
         for inbox in self.pending.values():
             inbox.end()
+        if self._watch_scope is not None:
+            self._watch_scope.cancel()
 
     def idle_and_closed(self) -> bool:
         """A connection nobody reads whose peer closed it meanwhile (only one that
@@ -322,6 +362,7 @@ class Client:
         on_event: Callable[[dict[str, Any]], Any] | None,
     ) -> Any:
         inbox: Inbox[Response | Event] = Inbox(_EVENTS_BUFFERED, self._event)
+        answered = False
         conn.pending[rid] = inbox
         try:
             if conn.closed:  # the reader ended before this request was pending
@@ -337,12 +378,17 @@ class Client:
                         if inspect.isawaitable(handled):
                             await handled  # an async sink: its pace is the reader's
                     continue
+                answered = True
                 if msg.ok:
                     return msg.result
                 raise error_of(msg)
             if conn.error is not None:
                 raise conn.error
             raise _Lost("the connection closed before the response")
+        except BaseException:
+            if not answered and not inbox.ended:  # gone before its answer: the rest comes
+                conn.read_for_the_gone(self._start)
+            raise
         finally:
             conn.pending.pop(rid, None)
             inbox.abandon()  # a reader blocked on this request's inbox goes on
@@ -499,6 +545,9 @@ class Client:
                 self._direct[session] = conn
                 self._read_direct(conn)
             return conn
+
+    def _start(self, func: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._nursery.start_soon(func)
 
     def _read_direct(self, conn: _Connection) -> None:
         """How a direct connection is read: by the requests waiting on it (it :attr:`leads`)

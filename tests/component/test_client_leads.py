@@ -1,0 +1,144 @@
+"""A direct connection read by its own requests (the async client on Trio, no reader task):
+the reading handed over on every way a request can leave, the liveness clock left right, and a
+request that leaves before its answer turning the connection over to a reader task, so what
+the worker still sends is read and dropped."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any, cast
+
+import anyio
+import pytest
+import trio
+import trio.testing
+
+from tests.component.test_client_backends import FakePeer, client_with
+from trio_agentd._aio import Inbox
+from trio_agentd._client import _Connection
+from trio_agentd._protocol import Event, Request, Response, encode
+from trio_agentd._stream import MessageStream
+
+
+def _leading_over(recv: trio.testing.MemoryReceiveStream) -> _Connection:
+    # the worker side's framing over an in-memory Trio stream: it has the methods the client's
+    # connection calls
+    framed: Any = MessageStream(trio.StapledStream(trio.testing.MemorySendStream(), recv))
+    conn = _Connection(framed, None)
+    conn.leads = True
+    return conn
+
+
+@pytest.mark.parametrize("attempt", range(5))
+async def test_a_hand_over_to_a_request_cancelled_meanwhile_goes_on_to_one_still_waiting(
+    attempt: int, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests 2 and 3 give up in the same pass of the run loop as request 1, the reader, gets
+    its answer: whichever runs first, request 4 is the one that reads on."""
+    # Trio's own order within a batch (in order or reversed), not pytest-trio's shuffle: the
+    # two cancelled requests sit either side of the reader, so one of them is still pending,
+    # its wait not yet unwound, when the reader hands over
+    monkeypatch.setattr(trio._core._run, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
+    recv = trio.testing.MemoryReceiveStream()
+    conn = _leading_over(recv)
+    got: dict[int, object] = {}
+    answered = {rid: trio.Event() for rid in (1, 2, 3, 4)}
+    scopes: dict[int, trio.CancelScope] = {}
+
+    async def request(rid: int) -> None:
+        inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
+        conn.pending[rid] = inbox
+        try:
+            with scopes.setdefault(rid, trio.CancelScope()):
+                msg = await conn.next_for(inbox)
+                got[rid] = msg.result if isinstance(msg, Response) else None
+                answered[rid].set()
+        finally:
+            conn.pending.pop(rid, None)
+            inbox.abandon()
+
+    async with trio.open_nursery() as nursery:
+        for rid in (1, 2, 3, 4):
+            nursery.start_soon(request, rid)
+            await trio.testing.wait_all_tasks_blocked()
+        assert conn.reading
+        scopes[2].cancel()
+        recv.put_data(encode(Response(id=1, ok=True, result="one")))
+        scopes[3].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {1: "one"}
+        recv.put_data(encode(Response(id=4, ok=True, result="four")))
+        with trio.fail_after(5):
+            await answered[4].wait()
+    assert got == {1: "one", 4: "four"}
+
+
+async def test_a_reader_cancelled_while_it_waits_on_the_peer_leaves_no_silence_counting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The liveness watcher counts silence only while somebody waits on the peer: a request
+    that gave up while reading must not leave the clock running (nobody would read the pong of
+    the ping it causes, and the worker would be called unresponsive)."""
+    conn = _leading_over(trio.testing.MemoryReceiveStream())
+    inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
+    conn.pending[1] = inbox
+    with trio.move_on_after(1):
+        await conn.next_for(inbox)
+    assert not conn.reading
+    assert conn.silence.waiting_since is None
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+BIG = bytes(range(256)) * 1024  # 256 KiB
+CHUNKS = 32  # 8 MiB: well past the socket's buffers
+
+
+@pytest.mark.anyio
+async def test_a_stream_let_go_of_is_read_and_dropped_and_the_turn_ends(
+    anyio_backend: str,
+) -> None:
+    done = anyio.Event()
+
+    async def turn(peer: FakePeer, req: Request) -> None:
+        rid = int(req.id or 0)
+        for k in range(CHUNKS):
+            await peer.chunk(rid, BIG, at=k * len(BIG))
+        await peer.reply(rid, bytes=CHUNKS * len(BIG))
+        done.set()
+
+    async with client_with(turn) as (client, peer):
+        stream = cast(AsyncGenerator[bytes, None], client.stream_prompt_bytes("s1", "x"))
+        async with contextlib.aclosing(stream):
+            async for piece in stream:
+                assert piece == BIG
+                break  # the consumer lets go of the prompt after its first chunk
+        with anyio.fail_after(10):
+            await done.wait()
+        assert peer.sent_chunks == CHUNKS
+        conn = client._direct["s1"]
+        assert not conn.leads  # a reader task reads it from now on
+        # and the connection still serves the next prompt
+        with anyio.fail_after(10):
+            await client.request("prompt", {"session": "s1", "text": "y"})
+
+
+async def test_the_watcher_of_a_connection_nobody_reads_while_idle_ends(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """Nobody reads an idle connection its requests read, so its silence never starts: the
+    liveness watcher must still see that no request is outstanding and end."""
+    from trio_agentd._errors import AgentdError, ErrorCode
+    from trio_agentd.timing import DEFAULT_TIMING
+
+    conn = _leading_over(trio.testing.MemoryReceiveStream())
+    conn.watch_from(nursery, lambda: Request(id=99, op="ping"), DEFAULT_TIMING,
+                    lambda: AgentdError(ErrorCode.WORKER_UNRESPONSIVE, "x"), 1.0)
+    assert conn._watch_scope is not None
+    await trio.sleep(2 * DEFAULT_TIMING.link_ping_interval + 0.001)
+    assert conn._watch_scope is None  # ended: no request was outstanding
+    assert not conn.closed
