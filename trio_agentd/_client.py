@@ -142,7 +142,9 @@ class _Connection:
             msg = inbox.take()
             if msg is not None or inbox.over:
                 return msg
-            if self.reading or not self.leads:
+            if not self.leads:
+                return await inbox.get()  # a reader task reads this connection
+            if self.reading:
                 try:
                     await inbox.wait()  # a message, the end, or a nudge: the reading is ours
                 except BaseException:
@@ -158,8 +160,10 @@ class _Connection:
                     await self.ms.aclose()
             finally:
                 self.reading = False
-                if not self.leads and not self.closed and self._start_reader is not None:
-                    self._start_reader(self.run_reader)  # (see read_for_the_gone)
+                if self._start_reader is not None:  # (see read_for_the_gone)
+                    if not self.closed:
+                        self._start_reader(self.run_reader)
+                    self._start_reader = None
                 self._hand_over(inbox)
 
     def _hand_over(self, inbox: Inbox[Response | Event]) -> None:
