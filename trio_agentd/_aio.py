@@ -391,8 +391,10 @@ class Silence:
         self._changed: anyio.Event | None = None  # made by a watcher, set on any change
         self._clock = clock  # the event loop's (``native``'s: read once per message)
 
-    def waiting(self) -> None:
-        self.waiting_since = self._clock()
+    def waiting(self, since: float | None = None) -> None:
+        """The reader waits on the peer from now, or from ``since`` (a reader that gave up
+        handed the waiting to this one: the peer has been silent since then)."""
+        self.waiting_since = self._clock() if since is None else since
         self._poke()
 
     def idle(self) -> None:

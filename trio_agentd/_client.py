@@ -117,6 +117,10 @@ class _Connection:
         # where an idle connection can tell that its peer closed it without reading
         self.leads = False
         self.reading = False  # a request reads for all now
+        # a reader that gave up waiting on a silent peer: since when, for the request it
+        # hands the reading to (so each of a chain of requests that give up before the
+        # liveness interval does not start the silence over); None once nobody took it on
+        self._silent_since: float | None = None
         self._start_reader: _Starter | None = None
 
     async def run_reader(self) -> None:
@@ -167,12 +171,14 @@ class _Connection:
                 self._hand_over(inbox)
 
     def _hand_over(self, inbox: Inbox[Response | Event]) -> None:
-        """Nobody reads: wake another request waiting, to read (if the requests read)."""
+        """Nobody reads: wake another request waiting, to read (if the requests read). If
+        none is, nobody waits on the peer any more: no silence is carried on."""
         if self.reading or not self.leads:
             return
         for other in self.pending.values():
             if other is not inbox and other.nudge():
                 return
+        self._silent_since = None
 
     def read_for_the_gone(self, start: _Starter) -> None:
         """A request left before its answer (its caller gave up, its consumer stopped): what
@@ -192,15 +198,20 @@ class _Connection:
     async def _read(self, inbox: Inbox[Response | Event] | None) -> bool:
         """Read and route messages until ``inbox`` holds one (``None``: for ever): ``True``;
         ``False`` once the connection ended (closed, broken, or a bad frame: :attr:`error`)."""
+        since, self._silent_since = self._silent_since, None
         try:
             while inbox is None or not inbox.holding:
-                self.silence.waiting()
+                self.silence.waiting(since)
                 try:
                     msg = await self.ms.receive()
                 except BaseException:
-                    self.silence.idle()  # (cancelled: nobody waits on the peer now)
+                    # cancelled: nobody waits on the peer now; a request the reading goes to
+                    # next goes on counting from the same moment
+                    self._silent_since = self.silence.waiting_since
+                    self.silence.idle()
                     raise
                 self.silence.arrived()
+                since = None
                 if msg is None:
                     return False
                 if isinstance(msg, Response | Event) and isinstance(msg.id, int):

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from tests.component.test_client_backends import FakePeer, client_with
-from trio_agentd._aio import Inbox
+from trio_agentd._aio import Inbox, watch
 from trio_agentd._client import _Connection
 from trio_agentd._protocol import Event, Request, Response, encode
 from trio_agentd._stream import MessageStream
@@ -142,3 +142,81 @@ async def test_the_watcher_of_a_connection_nobody_reads_while_idle_ends(
     await trio.sleep(2 * DEFAULT_TIMING.link_ping_interval + 0.001)
     assert conn._watch_scope is None  # ended: no request was outstanding
     assert not conn.closed
+
+
+async def test_silence_is_counted_from_the_first_reader_when_a_cancelled_one_hands_over(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Request 1 reads a silent peer from t=0 and gives up at t=7; request 2, waiting all along,
+    reads on. The peer has been silent since t=0, so the watcher pings at t=10 (its interval),
+    not at t=17: prompts that each give up before the interval must not hide a hung worker."""
+    conn = _leading_over(trio.testing.MemoryReceiveStream())
+    pings: list[float] = []
+
+    async def ping() -> None:
+        pings.append(trio.current_time())
+
+    async def request(rid: int, give_up: float) -> None:
+        inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
+        conn.pending[rid] = inbox
+        try:
+            with trio.move_on_after(give_up):
+                await conn.next_for(inbox)
+        finally:
+            conn.pending.pop(rid, None)
+            inbox.abandon()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request, 1, 7)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(request, 2, 30)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.reading
+        at = await watch(conn.silence, ping, interval=10, ping_timeout=5)
+        nursery.cancel_scope.cancel()
+    assert pings == [10]
+    assert at == 10
+    assert trio.current_time() == 15
+
+
+async def test_silence_is_not_carried_past_a_moment_nobody_waited_on_the_peer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Request 1 reads from t=0; at t=3 it and request 2, to which it hands the reading, both
+    give up, so nobody waits on the peer. Request 3 then reads from t=3: the watcher pings at
+    t=13, its interval after request 3 started, not at t=10 (the peer was not silent on
+    anybody between)."""
+    conn = _leading_over(trio.testing.MemoryReceiveStream())
+    scopes = {rid: trio.CancelScope() for rid in (1, 2, 3)}
+    pings: list[float] = []
+
+    async def ping() -> None:
+        pings.append(trio.current_time())
+
+    async def request(rid: int) -> None:
+        inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
+        conn.pending[rid] = inbox
+        try:
+            with scopes[rid]:
+                await conn.next_for(inbox)
+        finally:
+            conn.pending.pop(rid, None)
+            inbox.abandon()
+
+    async with trio.open_nursery() as nursery:
+        for rid in (1, 2):
+            nursery.start_soon(request, rid)
+            await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(3)
+        scopes[1].cancel()
+        scopes[2].cancel()  # in the same pass: it never reads
+        await trio.testing.wait_all_tasks_blocked()
+        assert not conn.reading
+        assert conn.silence.waiting_since is None
+        nursery.start_soon(request, 3)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.reading
+        at = await watch(conn.silence, ping, interval=10, ping_timeout=5)
+        scopes[3].cancel()
+    assert pings == [13]
+    assert at == 13
