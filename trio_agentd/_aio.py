@@ -421,17 +421,22 @@ class Silence:
         ``False`` as soon as more than ``baseline`` messages have arrived.
 
         Without ``baseline`` nothing needs to wake at each message: this sleeps to the
-        deadline the reader's state gives and looks again (a reader that is not waiting is
-        looked at again ``seconds`` later, which is no later than its wait could end), so a
-        busy connection costs its reader two attribute writes per message, not a wakeup.
-        ``idle_ends``: looked at each time nobody was waiting ``seconds`` on; ``True`` ends the
-        wait (``False`` returned): a connection its requests read is not read while idle.
+        deadline the reader's state gives and looks again, so a busy connection costs its
+        reader two attribute writes per message, not a wakeup. A reader that is not waiting
+        is waited for (the first :meth:`waiting` wakes this: a reader handed an earlier start
+        may be due sooner than ``seconds`` from now). ``idle_ends``: looked at each time
+        nobody started waiting for ``seconds``; ``True`` ends the wait (``False`` returned):
+        a connection its requests read is not read while idle.
         """
         while baseline is None:
             start = self.waiting_since
             if start is None:
-                await anyio.sleep(seconds)
-                if idle_ends is not None and idle_ends():
+                if self._changed is None:
+                    self._changed = anyio.Event()
+                changed = self._changed
+                with anyio.move_on_after(seconds) as idle:
+                    await changed.wait()
+                if idle.cancelled_caught and idle_ends is not None and idle_ends():
                     return False
                 continue
             deadline = max(start, since) + seconds

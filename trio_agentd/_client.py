@@ -121,6 +121,7 @@ class _Connection:
         # hands the reading to (so each of a chain of requests that give up before the
         # liveness interval does not start the silence over); None once nobody took it on
         self._silent_since: float | None = None
+        self._successor: Inbox[Response | Event] | None = None  # handed the reading, not awake
         self._start_reader: _Starter | None = None
 
     async def run_reader(self) -> None:
@@ -156,6 +157,9 @@ class _Connection:
                     inbox.unwait()
                     self._hand_over(inbox)
                     raise
+                finally:
+                    if self._successor is inbox:
+                        self._successor = None
                 continue
             self.reading = True
             try:
@@ -167,6 +171,8 @@ class _Connection:
                 if self._start_reader is not None:  # (see read_for_the_gone)
                     if not self.closed:
                         self._start_reader(self.run_reader)
+                    else:  # closed meanwhile: no reader will read; the requests waiting end
+                        self._end()
                     self._start_reader = None
                 self._hand_over(inbox)
 
@@ -175,8 +181,12 @@ class _Connection:
         none is, nobody waits on the peer any more: no silence is carried on."""
         if self.reading or not self.leads:
             return
+        if self._successor is not None and self._successor is not inbox:
+            return  # another request was handed the reading and is on its way to it
+        self._successor = None
         for other in self.pending.values():
             if other is not inbox and other.nudge():
+                self._successor = other
                 return
         self._silent_since = None
 

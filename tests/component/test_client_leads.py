@@ -6,6 +6,7 @@ the worker still sends is read and dropped."""
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncGenerator
 from typing import Any, cast
 
@@ -155,6 +156,7 @@ async def test_silence_is_counted_from_the_first_reader_when_a_cancelled_one_han
 
     async def ping() -> None:
         pings.append(trio.current_time())
+        await trio.lowlevel.checkpoint()
 
     async def request(rid: int, give_up: float) -> None:
         inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
@@ -192,6 +194,7 @@ async def test_silence_is_not_carried_past_a_moment_nobody_waited_on_the_peer(
 
     async def ping() -> None:
         pings.append(trio.current_time())
+        await trio.lowlevel.checkpoint()
 
     async def request(rid: int) -> None:
         inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
@@ -220,3 +223,155 @@ async def test_silence_is_not_carried_past_a_moment_nobody_waited_on_the_peer(
         scopes[3].cancel()
     assert pings == [13]
     assert at == 13
+
+
+class _Fixed(random.Random):
+    """Trio's run-loop order within a pass, fixed: ``random() < 0.5`` reverses the batch."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+async def test_closed_while_a_deferred_reader_waits_wakes_the_others(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Request 1 reads and request 2 waits; a request that left hands the connection over
+    to a reader task, started once request 1 is done reading. The route is forgotten
+    meanwhile (the connection marked closed), and request 1 gets its answer: no reader task
+    starts on a closed connection, so request 2 must be told the connection is over."""
+    recv = trio.testing.MemoryReceiveStream()
+    conn = _leading_over(recv)
+    done: dict[int, object] = {}
+    finished = {1: trio.Event(), 2: trio.Event()}
+    started: list[object] = []
+
+    async def request(rid: int) -> None:
+        inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
+        conn.pending[rid] = inbox
+        try:
+            msg = await conn.next_for(inbox)
+            done[rid] = msg.result if isinstance(msg, Response) else msg
+            finished[rid].set()
+        finally:
+            conn.pending.pop(rid, None)
+            inbox.abandon()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(request, 2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.reading
+        # request 3 left before its answer (Client calls this): reader task deferred
+        conn.read_for_the_gone(started.append)
+        assert conn._start_reader is not None
+        # another prompt on the session failed with a REROUTE code: Client._forget_route
+        conn.closed = True
+        # request 1's answer was already on its way
+        recv.put_data(encode(Response(id=1, ok=True, result="one")))
+        await trio.testing.wait_all_tasks_blocked()
+        assert done.get(1) == "one"
+        with trio.move_on_after(600):
+            await finished[2].wait()
+        nursery.cancel_scope.cancel()
+    # request 2 must learn the connection is over (inbox ended -> None) or be read for
+    assert 2 in done, f"request 2 never woken; reader started={started}, closed={conn.closed}"
+
+
+async def test_a_carry_is_not_dropped_by_a_waiter_cancelled_in_the_same_pass(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Request 1 reads from t=0, requests 2 and 3 wait; at t=7 requests 1 and 3 give up in
+    the same pass, 1 unwinding first: the reading goes to 2 with t=0 (ping at 10). Request
+    3, finding nobody else to hand over to, must not drop that start."""
+    monkeypatch.setattr(trio._core._run, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
+    monkeypatch.setattr(trio._core._run, "_r", _Fixed(0.0))
+    conn = _leading_over(trio.testing.MemoryReceiveStream())
+    scopes = {rid: trio.CancelScope() for rid in (1, 2, 3)}
+    pings: list[float] = []
+
+    async def ping() -> None:
+        pings.append(trio.current_time())
+        await trio.lowlevel.checkpoint()
+
+    async def request(rid: int) -> None:
+        inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
+        conn.pending[rid] = inbox
+        try:
+            with scopes[rid]:
+                await conn.next_for(inbox)
+        finally:
+            conn.pending.pop(rid, None)
+            inbox.abandon()
+
+    async with trio.open_nursery() as nursery:
+        for rid in (1, 2, 3):
+            nursery.start_soon(request, rid)
+            await trio.testing.wait_all_tasks_blocked()
+        assert conn.reading
+
+        async def give_up() -> None:
+            await trio.sleep(7)
+            scopes[1].cancel()  # the reader...
+            scopes[3].cancel()  # ...and a waiter, in the same pass
+
+        nursery.start_soon(give_up)
+        with trio.move_on_after(30):
+            at = await watch(conn.silence, ping, interval=10, ping_timeout=5)
+        nursery.cancel_scope.cancel()
+    # the peer has been silent on somebody since t=0: ping at 10, unresponsive at 15
+    assert pings == [10]
+    assert at == 10
+
+
+@pytest.mark.parametrize("order", [0.0, 0.9])
+async def test_the_watcher_counts_a_carried_start_handed_over_as_it_looks(
+    order: float, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher looks at t=10, in the pass in which request 1 (reading since t=3) gives
+    up and hands the reading, and t=3, to request 2. Whichever of the two runs first in that
+    pass, the ping is at t=13: a watcher that found nobody waiting is woken by the next
+    reader, not asleep for a whole interval."""
+    monkeypatch.setattr(trio._core._run, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
+    monkeypatch.setattr(trio._core._run, "_r", _Fixed(order))
+    conn = _leading_over(trio.testing.MemoryReceiveStream())
+    pings: list[float] = []
+    result: list[float | None] = []
+    watched = trio.Event()
+
+    async def ping() -> None:
+        pings.append(trio.current_time())
+        await trio.lowlevel.checkpoint()
+
+    async def request(rid: int, give_up: float) -> None:
+        inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
+        conn.pending[rid] = inbox
+        try:
+            with trio.move_on_after(give_up):
+                await conn.next_for(inbox)
+        finally:
+            conn.pending.pop(rid, None)
+            inbox.abandon()
+
+    async def watcher() -> None:
+        result.append(await watch(conn.silence, ping, interval=10, ping_timeout=5))
+        watched.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher)  # t=0, nobody reads: it looks again at t=10
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(3)
+        nursery.start_soon(request, 1, 7)  # reads from t=3, gives up at t=10
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(request, 2, 100)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.reading
+        with trio.move_on_after(40):
+            await watched.wait()
+        nursery.cancel_scope.cancel()
+    assert pings == [13]
+    assert result == [13]
