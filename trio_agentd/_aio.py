@@ -453,10 +453,13 @@ class Silence:
             if start is None:
                 await changed.wait()
                 continue
-            with anyio.CancelScope(deadline=max(start, since) + seconds) as scope:
-                await changed.wait()
-            if scope.cancelled_caught:
+            deadline = max(start, since) + seconds
+            if anyio.current_time() >= deadline:
                 return True
+            # (woken by the deadline, it looks again: a message that came in the deadline's
+            # own pass, or a reader that stopped, counts)
+            with anyio.CancelScope(deadline=deadline):
+                await changed.wait()
 
 
 async def watch(

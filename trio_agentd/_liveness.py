@@ -115,10 +115,12 @@ class Silence:
                 deadline = base + idle_seconds
                 if self.probe_at is not None:
                     deadline = min(deadline, max(base, self.probe_at) + seconds)
-            with trio.move_on_at(deadline) as scope:
-                await changed.wait()
-            if scope.cancelled_caught:
+            if trio.current_time() >= deadline:
                 return True
+            # (woken by the deadline, it looks again: a message that came in the deadline's
+            # own pass, or a reader that stopped, counts)
+            with trio.move_on_at(deadline):
+                await changed.wait()
 
 
 async def watch(

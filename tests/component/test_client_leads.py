@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from tests.component.test_client_backends import FakePeer, client_with
-from trio_agentd._aio import Inbox, watch
+from trio_agentd._aio import Inbox, Silence, watch
 from trio_agentd._client import _Connection
 from trio_agentd._protocol import Event, Request, Response, encode
 from trio_agentd._stream import MessageStream
@@ -375,3 +375,31 @@ async def test_the_watcher_counts_a_carried_start_handed_over_as_it_looks(
         nursery.cancel_scope.cancel()
     assert pings == [13]
     assert result == [13]
+
+
+@pytest.mark.parametrize("attempt", range(8))
+async def test_an_answer_in_the_pass_of_the_ping_deadline_answers_the_ping(
+    attempt: int, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer to a ping arrives at its deadline, in the same pass as the deadline's
+    cancellation. If the answer's task runs first, the wait for the answer must say it came
+    (``False``), not that the peer stayed silent: a live worker is not unresponsive."""
+    monkeypatch.setattr(trio._core._run, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
+    # which of the two runs first in the pass: the batch's order (fixed here, each way in
+    # turn) and, within it, the deadlines' (by the scopes' addresses: a coin toss per attempt)
+    monkeypatch.setattr(trio._core._run, "_r", _Fixed(0.0 if attempt % 2 else 0.9))
+    silence = Silence(trio.current_time)
+    silence.waiting()
+    results: list[bool] = []
+    answered_before_the_verdict: list[bool] = []
+
+    async def answer() -> None:
+        await trio.sleep_until(5)
+        answered_before_the_verdict.append(not results)
+        silence.arrived()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer)
+        results.append(await silence.wait_silent(5, since=0, baseline=0))
+    assert trio.current_time() == 5
+    assert results == [not answered_before_the_verdict[0]]
