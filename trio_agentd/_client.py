@@ -162,6 +162,8 @@ class _Connection:
                         self._successor = None
                 continue
             self.reading = True
+            self._successor = None  # (a request handed the reading may leave without it: this
+            # reader hands over in turn when it is done)
             try:
                 if not await self._read(inbox):
                     self._end()

@@ -225,6 +225,55 @@ async def test_silence_is_not_carried_past_a_moment_nobody_waited_on_the_peer(
     assert at == 13
 
 
+
+async def test_waiter_is_read_for_after_a_nudged_request_finds_its_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Request 1 reads; 2 and 3 wait. One chunk brings an event for 1, the answer of 2 and
+    the answer of 1. Request 1 stops at its event and hands the reading to 2; its caller
+    asks for the next message at once (a consumer that does not await), so 1 reads again
+    before 2 runs: the answer of 2, then its own. Request 2 then finds its answer and leaves
+    without reading: request 1, done, must hand the reading to 3."""
+    recv = trio.testing.MemoryReceiveStream()
+    conn = _leading_over(recv)
+    got: dict[int, list[object]] = {1: [], 2: [], 3: []}
+    done = {rid: trio.Event() for rid in (1, 2, 3)}
+
+    async def request(rid: int) -> None:
+        inbox: Inbox[Response | Event] = Inbox(8, trio.Event)
+        conn.pending[rid] = inbox
+        try:
+            while (msg := await conn.next_for(inbox)) is not None:
+                got[rid].append(msg)
+                if isinstance(msg, Response):
+                    break
+            done[rid].set()
+        finally:
+            conn.pending.pop(rid, None)
+            inbox.abandon()
+
+    async with trio.open_nursery() as nursery:
+        for rid in (1, 2, 3):
+            nursery.start_soon(request, rid)
+            await trio.testing.wait_all_tasks_blocked()
+        assert conn.reading
+        recv.put_data(
+            encode(Event(id=1, event={"type": "chunk"}))
+            + encode(Response(id=2, ok=True, result="two"))
+            + encode(Response(id=1, ok=True, result="one"))
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        assert done[1].is_set()
+        assert done[2].is_set()
+        recv.put_data(encode(Response(id=3, ok=True, result="three")))
+        with trio.move_on_after(600):
+            await done[3].wait()
+        state = (conn.reading, conn._successor is not None, conn.silence.waiting_since)
+        nursery.cancel_scope.cancel()
+    assert done[3].is_set(), (
+        f"request 3 never woken: nobody reads (reading, stale successor, waiting_since)={state}"
+    )
+
 class _Fixed(random.Random):
     """Trio's run-loop order within a pass, fixed: ``random() < 0.5`` reverses the batch."""
 
