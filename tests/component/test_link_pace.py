@@ -10,13 +10,10 @@ worker says something first.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import trio
 import trio.testing
 
-from trio_agentd._liveness import Silence
 from trio_agentd._protocol import Notice, Request, Response, WorkerHello
 from trio_agentd._stream import MessageStream
 from trio_agentd._workerlink import WorkerDropped, WorkerLink
@@ -173,41 +170,3 @@ async def test_the_links_end_cancels_a_wait_tied_to_it_and_forgets_it(
         await never.wait()
     assert scope.cancelled_caught
 
-
-class _Fixed(random.Random):
-    """Trio's run-loop order within a pass, fixed: ``random() < 0.5`` reverses the batch."""
-
-    def __init__(self, value: float) -> None:
-        super().__init__(0)
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
-
-
-@pytest.mark.parametrize("attempt", range(8))
-async def test_an_answer_in_the_pass_of_the_ping_deadline_answers_the_ping(
-    attempt: int, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The worker's answer to a ping comes at the ping's deadline, in the pass of the
-    deadline's cancellation. If the answer's task runs first, the link's wait for it must say
-    it came (``False``): a live worker is not unresponsive."""
-    monkeypatch.setattr(trio._core._run, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
-    # which of the two runs first in the pass: the batch's order (fixed here, each way in
-    # turn) and, within it, the deadlines' (by the scopes' addresses: a coin toss per attempt)
-    monkeypatch.setattr(trio._core._run, "_r", _Fixed(0.0 if attempt % 2 else 0.9))
-    silence = Silence()
-    silence.waiting()
-    results: list[bool] = []
-    answered_before_the_verdict: list[bool] = []
-
-    async def answer() -> None:
-        await trio.sleep_until(5)
-        answered_before_the_verdict.append(not results)
-        silence.arrived()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(answer)
-        results.append(await silence.wait_silent(5, since=0, baseline=0))
-    assert trio.current_time() == 5
-    assert results == [not answered_before_the_verdict[0]]
