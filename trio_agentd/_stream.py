@@ -38,6 +38,27 @@ class MessageStream(Framing):
         # the last read from the socket took less than it asked for: it was empty then
         self._drained = False
 
+    def peer_closed(self) -> bool:
+        """Whether the peer shut its side with nothing sent that is left to read, found
+        without reading or waiting (one ``recv`` with ``MSG_PEEK``). ``False`` where it
+        cannot tell: not a socket, bytes waiting, or nothing yet."""
+        if self._eof:
+            return not self._buf
+        if self._sock is None or self._buf:
+            return False
+        fd = self._sock.fileno()
+        if fd < 0:
+            return True
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fd)
+        try:
+            return not raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # reset: nothing will come from it either
+        finally:
+            raw.detach()  # the descriptor stays the stream's
+
     async def send(self, msg: Message) -> None:
         await self.send_raw(encode(msg))
 

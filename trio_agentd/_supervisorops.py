@@ -119,6 +119,8 @@ class Dispatcher:
             if self._hello is None:
                 self._hello = encode(self.sup.hello())
             await ms.send_raw(self._hello)  # ps probes every supervisor: each hello is cheap
+            if ms.peer_closed():
+                return  # a probe (ps, doctor): it shut its side at once and takes the hello only
             inflight = AsyncValue(0)
             # one error from the nursery comes out bare: a broken client is no error, and
             # EMFILE is the rate-limited line below, never a traceback per connection
