@@ -245,30 +245,37 @@ class DaemonEnv:
 
     def _forked_by_templates(self) -> list[tuple[int, bool]]:
         """Our processes that run a template's command line (``... --template``): the
-        templates and the workers they forked, each with whether it leads its own session."""
-        out = []
+        templates and the workers they forked, each with whether it was forked by a template.
+
+        A forked worker leads its own session, but only once it has called ``setsid``: one
+        forked a moment ago is still in the template's session. Its parent tells (a template's
+        parent is its supervisor; a worker whose template died leads its session by then)."""
+        rows = []
         for pid in self.our_pids():
             argv, fields = proc_cmdline(pid), proc_stat_fields(pid)
             try:
                 if argv is None or argv[-1:] != [b"--template"] or fields is None:
                     continue
-                out.append((pid, int(fields[3]) == pid))  # field 3 after comm: session
+                # fields after comm: 1 the parent, 3 the session
+                rows.append((pid, int(fields[1]), int(fields[3]) == pid))
             except (IndexError, ValueError):
                 continue
-        return out
+        runs_template = {pid for pid, _parent, _leader in rows}
+        return [(pid, leader or parent in runs_template) for pid, parent, leader in rows]
 
     def fork_templates(self) -> list[int]:
         """Our supervisors' worker fork templates (``--template``, in their supervisor's
         session; the workers they fork lead sessions of their own)."""
-        return [pid for pid, leader in self._forked_by_templates() if not leader]
+        return [pid for pid, forked in self._forked_by_templates() if not forked]
 
     def spare_workers(self) -> list[int]:
-        """Our supervisors' spare workers: forked by a template (its command line), each the
-        leader of its own session, and named by no worker descriptor (parked, no session
-        yet). Read while nothing starts: a spare being handed a session is in between."""
+        """Our supervisors' spare workers: forked by a template (its command line, and a
+        template its parent or a session of its own), and named by no worker descriptor
+        (parked, no session yet; or forked a moment ago). Read while nothing starts: a spare
+        being handed a session is in between."""
         workers = {d.get("pid") for d in self.descriptors()}
-        return [pid for pid, leader in self._forked_by_templates()
-                if leader and pid not in workers]
+        return [pid for pid, forked in self._forked_by_templates()
+                if forked and pid not in workers]
 
     def shutdown(self, timeout: float = TEST_SHUTDOWN_TIMEOUT) -> None:
         """``trio-agentd shutdown`` if a supervisor answers on :attr:`socket`: it stops its
