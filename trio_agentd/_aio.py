@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import math
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -35,10 +34,10 @@ import anyio.abc
 from ._defaults import CLOSE_TIMEOUT
 from ._errors import AgentdError, ErrorCode
 from ._framing import RECEIVE_SIZE, Framing
+from ._identity import peer_shut
 from ._protocol import MAX_FRAME, Message, encode
 
 BACKENDS = ("asyncio", "trio")
-_PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 
 T = TypeVar("T")
 
@@ -324,14 +323,7 @@ class MessageStream(Framing):
         ``False`` where it cannot tell (see :attr:`can_tell_closed`)."""
         if self._eof or self._closed:
             return True
-        if self._direct is None:
-            return False
-        try:
-            return not self._direct.sock.recv(1, _PEEK)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
+        return self._direct is not None and peer_shut(self._direct.sock)
 
     async def aclose(self) -> None:
         self._closed = True

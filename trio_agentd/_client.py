@@ -414,7 +414,7 @@ class Client:
             raise _Lost("the connection closed before the response")
         except BaseException:
             if not answered and not inbox.ended:  # gone before its answer: the rest comes
-                conn.read_for_the_gone(self._start)
+                conn.read_for_the_gone(self._nursery.start_soon)
             raise
         finally:
             conn.pending.pop(rid, None)
@@ -572,9 +572,6 @@ class Client:
                 self._direct[session] = conn
                 self._read_direct(conn)
             return conn
-
-    def _start(self, func: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        self._nursery.start_soon(func)
 
     def _read_direct(self, conn: _Connection) -> None:
         """How a direct connection is read: by the requests waiting on it (it :attr:`leads`)

@@ -18,6 +18,7 @@ from ._procstate import Liveness as Liveness
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (warm path)
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Callable
 
 _boot_id: str | None = None
@@ -379,3 +380,18 @@ def peer_credentials(stream: object) -> tuple[int, int] | None:
         return None
     pid, uid, _gid = struct.unpack("3i", creds)
     return int(pid), int(uid)
+
+
+def peer_shut(sock: socket.socket) -> bool:
+    """Whether the peer of a connected, non-blocking Unix socket (a stdlib ``socket``) shut
+    its side with nothing left to read, found without reading or waiting (one ``recv`` with
+    ``MSG_PEEK``). Bytes waiting, or nothing yet: ``False``; a broken connection: ``True``
+    (nothing will come from it either)."""
+    import socket as _socket
+
+    try:
+        return not sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

@@ -14,6 +14,7 @@ import trio
 from . import _output
 from ._defaults import CLOSE_TIMEOUT
 from ._framing import RECEIVE_SIZE, Framing
+from ._identity import peer_shut
 from ._protocol import MAX_FRAME, Event, Message, RequestId, encode, encode_raw_event
 
 log = logging.getLogger(__name__)
@@ -49,13 +50,9 @@ class MessageStream(Framing):
         fd = self._sock.fileno()
         if fd < 0:
             return True
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fd)
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fd)  # (Trio's, unwrapped)
         try:
-            return not raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True  # reset: nothing will come from it either
+            return peer_shut(raw)
         finally:
             raw.detach()  # the descriptor stays the stream's
 
