@@ -100,9 +100,19 @@ class JournalState:
             self.skipped_lines += 1
 
 
+def written(data: bytes) -> bytes:
+    """A journal file's records: its bytes up to the room written ahead of them (NUL bytes,
+    which no record holds)."""
+    return data.rstrip(b"\0")
+
+
 def parse(data: bytes) -> JournalState:
+    """The state a journal file's ``data`` records; a line that does not parse is counted in
+    ``skipped_lines``, and NUL bytes (room written ahead, see ``_workerjournal``) are ignored."""
     state = JournalState()
     for line in data.split(b"\n"):
+        # NUL bytes are room the journal made ahead and never wrote (no record holds one)
+        line = line.strip(b"\0")
         if not line.strip():
             continue
         try:

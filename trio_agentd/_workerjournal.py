@@ -21,6 +21,7 @@ log = logging.getLogger("trio_agentd.worker")
 
 
 COMPACT_AFTER = 2000  # journal lines
+ROOM = 64 * 1024  # zeros written ahead of the records (see Journal._make_room)
 KEEP_COMPLETED = 500
 
 
@@ -28,7 +29,8 @@ class Journal:
     """The worker's command journal, with group commit.
 
     ``append`` writes a record at once (so it survives a ``kill -9`` of this process: it is in
-    the page cache, in order); ``await sync(seq)`` returns once that record is on disk. One
+    the page cache, in order), into zeros written ahead of it (:meth:`_make_room`: a reader
+    ignores NUL bytes); ``await sync(seq)`` returns once that record is on disk. One
     flusher task runs ``fdatasync`` in a thread and covers every record written before it
     started, so a turn's ``completed`` and the next turn's ``accepted`` share one flush, and
     so do the records of concurrent commands. Durability is unchanged: nobody is answered, and
@@ -49,11 +51,16 @@ class Journal:
         data = _fs.read_bytes(path) or b""
         self.state = _journal.parse(data)
         self._lines = len(self.state.accepted) + len(self.state.completed)
-        self._fd = _fs.open_trusted(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        torn = _fs.torn_tail(data)
+        self._fd = _fs.open_trusted(path, os.O_WRONLY | os.O_CREAT)
+        self._room_end = os.fstat(self._fd).st_size  # the file's end: written, or room
+        records = _journal.written(data)  # (the rest is room made ahead)
+        os.lseek(self._fd, len(records), os.SEEK_SET)
+        torn = _fs.torn_tail(records)
         if torn is not None:
-            _fs.seal_torn_tail(self._fd, torn)
-        self._offset = os.fstat(self._fd).st_size  # end of the last good record
+            _fs.seal_torn_tail(self._fd, torn)  # ("\n" at the end of records, or cut there)
+            self._room_end = os.fstat(self._fd).st_size
+            os.lseek(self._fd, min(len(records) + 1, self._room_end), os.SEEK_SET)
+        self._offset = os.lseek(self._fd, 0, os.SEEK_CUR)  # end of the last good record
         self._torn: int | None = None  # a cut that failed: the offset to cut back to first
         self.written = 0  # sequence number of the last record written
         self._durable = 0  # ... and of the last one known to be on disk
@@ -108,20 +115,47 @@ class Journal:
                 os.ftruncate(self._fd, self._torn)
             except OSError as exc:
                 raise self._failed(exc) from exc
+            self._end_at(self._torn)
             self._torn = None
         start = self._offset
+        data = b"".join((line, *more)) if more else line
+        if start + len(data) > self._room_end:
+            self._make_room(start + len(data))
         try:
-            write_all(self._fd, b"".join((line, *more)) if more else line)
+            write_all(self._fd, data)
         except OSError as exc:
             self._cut(start)
             raise self._failed(exc) from exc
         self._offset = start + len(line)
+        self._room_end = max(self._room_end, start + len(data))
         self.written += 1
         self._unflushed.append((self.written, self._offset, line))
         for extra in more:
             self._offset += len(extra)
             self.written += 1
             self._unflushed.append((self.written, self._offset, extra))
+
+    def _make_room(self, need: int) -> None:
+        """Write zeros ahead of the records, past ``need``, so that the records written into
+        them later change no size or block map: their ``fdatasync`` then writes the data and
+        flushes, without a write of the inode first (about a third less time per flush on
+        ext4). The zeros are made durable by the next flush, with the records before them.
+
+        No room (a full disk) is not an error here: the record is written past the end as
+        before, and its own write reports a full disk.
+        """
+        start = max(self._room_end, self._offset)  # (never over a record)
+        try:
+            written = os.pwrite(self._fd, bytes(need + ROOM - start), start)
+        except OSError as exc:
+            log.debug("journal %s: no room made ahead (%s); appending", self.path, exc)
+            return
+        self._room_end = start + written
+
+    def _end_at(self, offset: int) -> None:
+        """The file now ends at ``offset`` (cut back): the next record is written there."""
+        os.lseek(self._fd, offset, os.SEEK_SET)
+        self._room_end = offset
 
     def _write_backlog(self) -> None:
         while self.backlog:
@@ -136,6 +170,8 @@ class Journal:
         except OSError as exc:
             log.error("journal %s: cannot cut a torn record at %d: %s", self.path, offset, exc)
             self._torn = offset
+            return
+        self._end_at(offset)
 
     def _failed(self, exc: OSError) -> AgentdError:
         err = storage_error(self.path, exc)
@@ -304,10 +340,11 @@ class Journal:
         if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
             return  # not replaced
         os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
         self.state = _journal.parse(self.path.read_bytes())
         self._lines = len(self.state.accepted) + len(self.state.completed)
         self._offset = self._durable_offset = os.fstat(self._fd).st_size
+        self._end_at(self._offset)
 
     def close(self) -> None:
         os.close(self._fd)

@@ -31,6 +31,7 @@ from tests.component.test_direct_route import (
     grant,
     reply,
 )
+from trio_agentd import _journal
 from trio_agentd._aio import Inbox
 from trio_agentd._client import _Connection
 from trio_agentd._errors import AgentdError
@@ -110,7 +111,7 @@ async def _prompt_steps(w: World, journal: Journal) -> tuple[Steps, int]:
     assert (events, response) == ([], reply(2, 2, "[echo turn 2] hello\n"))
     # one fdatasync covers the turn's accepted, started and completed records
     assert [line.split(b'"kind":"')[1].split(b'"')[0]
-            for line in journal.path.read_bytes().splitlines()[-3:]] == [
+            for line in _journal.written(journal.path.read_bytes()).splitlines()[-3:]] == [
         b"accepted", b"started", b"completed"]
     await client.ms.aclose()
     return steps, journal.flushes - flushes
@@ -452,7 +453,7 @@ async def test_a_replayable_turns_acceptance_and_start_are_one_write(
 def test_records_appended_together_are_one_write_and_each_counts(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trio_agentd import _fs, _journal, _workerjournal
+    from trio_agentd import _fs, _workerjournal
 
     writes: list[bytes] = []
     real = _fs.write_all
@@ -469,7 +470,7 @@ def test_records_appended_together_are_one_write_and_each_counts(
     assert ("c", "1") in journal.state.accepted
     assert ("c", "1") in journal.state.started
     assert journal.synced(2)
-    assert journal.path.read_bytes() == accepted + started
+    assert _journal.written(journal.path.read_bytes()) == accepted + started
 
 
 def test_records_appended_together_that_cannot_be_written_leave_nothing(
@@ -498,7 +499,7 @@ def test_records_appended_together_that_cannot_be_written_leave_nothing(
     monkeypatch.undo()
     assert journal.append(_journal.started("c", 2)) == 3
     assert journal.backlog == []
-    assert journal.path.read_bytes() == started + done + _journal.started("c", 2)
+    assert _journal.written(journal.path.read_bytes()) == started + done + _journal.started("c", 2)
 
 
 async def test_a_drained_socket_is_read_once_per_frame(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,8 @@ import os
 import signal
 from typing import BinaryIO, TextIO, cast
 
+from trio_agentd._journal import written
+
 from .harness import DaemonEnv, wait_for
 
 # a turn that leaves a child behind and waits: its pid is the first line of output
@@ -24,7 +26,8 @@ def _gone(pid: int) -> bool:
 
 def _journal(denv: DaemonEnv, session: str) -> list[dict[str, object]]:
     path = next((denv.home / "daemons").glob(f"*/journal/{session}.jsonl"))
-    return [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    data = written(path.read_bytes())
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
 
 
 def test_ctrl_c_cancels_the_turn_exits_130_and_the_session_serves_on(denv: DaemonEnv) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from trio_agentd import _journal
 from trio_agentd._errors import AgentdError
 from trio_agentd._identity import read_start_id
 from trio_agentd._paths import Layout
@@ -185,7 +186,7 @@ def _jsonl(path: Path, torn_allowed: int) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records, torn = [], []
-    for line in path.read_bytes().splitlines():
+    for line in _journal.written(path.read_bytes()).splitlines():
         if not line.strip():
             continue
         try:

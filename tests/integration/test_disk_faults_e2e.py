@@ -56,7 +56,7 @@ def test_full_disk_answers_storage_error_and_the_session_recovers_when_space_ret
     assert (cp.stdout != "") is ran, (cp.stdout[:40], cp.stderr)
 
     # no torn tail: every line parses
-    data = journal.read_bytes()
+    data = _journal.written(journal.read_bytes())
     assert data.endswith(b"\n")
     records = [json.loads(line) for line in data.splitlines()]
     assert [r["kind"] for r in records].count("completed") == n - 1
@@ -78,7 +78,7 @@ def test_full_disk_answers_storage_error_and_the_session_recovers_when_space_ret
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.startswith(f"[echo turn {turn}] {n} ")
     assert denv.prompt("small", session="disk") == f"[echo turn {turn + 1}] small"
-    records = [json.loads(line) for line in journal.read_bytes().splitlines()]
+    records = [json.loads(line) for line in _journal.written(journal.read_bytes()).splitlines()]
     assert [r["kind"] for r in records].count("completed") == turn + 1
     assert _journal.parse(journal.read_bytes()).pending() == []
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from trio_agentd import _journal
+
 from .harness import DaemonEnv, wait_for
 
 
@@ -130,7 +132,8 @@ def test_worker_kill9_mid_turn_next_prompt_stops_the_orphaned_group(
     journal = denv.state_dir() / "journal" / f"{session}.jsonl"
 
     def stopped_records() -> list[dict[str, object]]:
-        records = [json.loads(ln) for ln in journal.read_text().splitlines() if ln.strip()]
+        data = _journal.written(journal.read_bytes())
+        records = [json.loads(ln) for ln in data.splitlines() if ln.strip()]
         return [r for r in records if r.get("kind") == "group_stopped"]
 
     stopped = wait_for(stopped_records, timeout=10, what="the stop to be journaled")

@@ -183,7 +183,10 @@ def test_corrupt_descriptor_and_journal_are_logged_and_skipped(denv: DaemonEnv) 
     denv.run("shutdown")
     (state / "workers" / "bad.json").write_bytes(b'{"version": 1, "sess')
     journal = state / "journal" / "good.jsonl"
-    journal.write_bytes(journal.read_bytes()[:-7])
+    data = journal.read_bytes()
+    written = data.rstrip(b"\0")  # the records; zeros written ahead of them follow
+    assert len(data) > len(written)
+    journal.write_bytes(written[:-7] + bytes(len(data) - len(written) + 7))  # a torn record
     (state / "workers" / "junk.json").write_bytes(bytes(range(256)))
     assert denv.prompt("again", session="good") == "[echo turn 2] again"
     log = denv.log_text()

@@ -307,3 +307,28 @@ def test_a_line_carries_the_record_it_decodes_to(text: str, extra: Any) -> None:
     assert parse(line).accepted[("c", "7")] == line.rec
     done = j.completed("c", 7, {"reply": text})
     assert parse(line + done).completed[("c", "7")] == {"reply": text}
+
+
+@settings(max_examples=60)
+@given(st.lists(ops, min_size=1, max_size=8), st.integers(min_value=1, max_value=300))
+def test_parse_reads_a_torn_tail_in_room_written_ahead_as_without_it(
+    journal: list[Op], room: int
+) -> None:
+    """The worker writes zeros ahead of its records; a record cut short by a kill lies in them.
+    Whatever the cut, the zeros change nothing: the state is the one of the bytes before them."""
+    data = b"".join(line_of(op) for op in journal)
+    for cut in range(len(data) + 1):
+        with_room, without = parse(data[:cut] + bytes(room)), parse(data[:cut])
+        assert (with_room.accepted, with_room.completed, with_room.interrupted) == (
+            without.accepted, without.completed, without.interrupted)
+        assert with_room.skipped_lines == without.skipped_lines
+
+
+def test_parse_reads_a_record_appended_after_room_by_an_older_version() -> None:
+    """An older version appends at the end of the file, after the zeros a newer one left: the
+    record it wrote there is read, not lost with the zeros in front of it."""
+    first = j.accepted("c1", 1, "prompt", {"text": "one"})
+    second = j.completed("c1", 1, "done")
+    state = parse(first + bytes(500) + second)
+    assert state.skipped_lines == 0
+    assert state.completed == {key_of("c1", 1): "done"}
