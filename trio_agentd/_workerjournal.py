@@ -22,6 +22,7 @@ log = logging.getLogger("trio_agentd.worker")
 
 COMPACT_AFTER = 2000  # journal lines
 ROOM = 64 * 1024  # zeros written ahead of the records (see Journal._make_room)
+ROOM_MIN_FREE = 64 * 1024 * 1024  # ... only while the filesystem has this much space free
 KEEP_COMPLETED = 500
 
 
@@ -141,11 +142,16 @@ class Journal:
         flushes, without a write of the inode first (about a third less time per flush on
         ext4). The zeros are made durable by the next flush, with the records before them.
 
-        No room (a full disk) is not an error here: the record is written past the end as
-        before, and its own write reports a full disk.
+        Room is made only while the filesystem has :data:`ROOM_MIN_FREE` free, so that on a
+        disk running full the zeros do not take the space other files need first; the record
+        is then written past the end as before. No room at all (a full disk) is not an error
+        here either: the record's own write reports it.
         """
         start = max(self._room_end, self._offset)  # (never over a record)
         try:
+            fs = os.fstatvfs(self._fd)
+            if fs.f_bavail * fs.f_frsize < ROOM_MIN_FREE:
+                return
             written = os.pwrite(self._fd, bytes(need + ROOM - start), start)
         except OSError as exc:
             log.debug("journal %s: no room made ahead (%s); appending", self.path, exc)
@@ -172,6 +178,7 @@ class Journal:
             self._torn = offset
             return
         self._end_at(offset)
+        self._torn = None  # (a cut that failed before was to this offset or past it)
 
     def _failed(self, exc: OSError) -> AgentdError:
         err = storage_error(self.path, exc)
@@ -347,4 +354,12 @@ class Journal:
         self._end_at(self._offset)
 
     def close(self) -> None:
+        """Close the file, giving back the room made ahead (a stopped worker's journal takes
+        no more space than its records)."""
+        if self._torn is None and self._room_end > self._offset:
+            try:
+                os.ftruncate(self._fd, self._offset)
+            except OSError as exc:  # (the zeros stay: a reader ignores them)
+                log.warning("journal %s: could not give back the room made ahead: %s",
+                            self.path, exc)
         os.close(self._fd)

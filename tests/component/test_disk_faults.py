@@ -29,6 +29,7 @@ from tests.component.test_worker_refence import (
     responses_to,
 )
 from trio_agentd import _journal
+from trio_agentd._errors import AgentdError
 from trio_agentd._handle import WorkerHandle
 from trio_agentd._protocol import ErrorBody, Response
 from trio_agentd._recovery import Mode
@@ -375,6 +376,54 @@ async def test_failed_group_flush_fails_every_waiter_and_keeps_what_ran(
         ("accepted", "c2"), ("completed", "c2"),
     ])
     assert Journal(journal.path).state.pending() == []
+
+
+def test_a_cut_that_failed_is_forgotten_once_a_later_cut_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torn append whose cut fails leaves a cut owed; a failed flush then cuts back further,
+    and that cut succeeds. The owed cut is then stale: made before the next write, it would
+    grow the file and put that record where the journal does not think it is, so a later cut
+    back would erase it, acknowledged as it was."""
+
+    def rec(n: int) -> bytes:
+        return _journal.accepted("c", n, "prompt", {"text": f"prompt {n}"})
+
+    def fail(code: int) -> Callable[..., Any]:
+        def failing(*_args: Any) -> Any:
+            raise OSError(code, os.strerror(code))
+        return failing
+
+    journal = Journal(tmp_path / "journal" / "s1.jsonl")
+    journal.append_durable(rec(1))
+    journal.append(rec(2))  # written, not yet flushed
+    real_write, real_ftruncate, real_fdatasync = os.write, os.ftruncate, os.fdatasync
+
+    def torn(fd: int, data: bytes) -> int:
+        real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with caplog.at_level(logging.ERROR, "trio_agentd.worker"):
+        monkeypatch.setattr(os, "write", torn)
+        monkeypatch.setattr(os, "ftruncate", fail(errno.EIO))
+        with pytest.raises(AgentdError):
+            journal.append(rec(3))  # torn, and its cut fails: owed
+        monkeypatch.setattr(os, "write", real_write)
+        monkeypatch.setattr(os, "ftruncate", real_ftruncate)
+        monkeypatch.setattr(os, "fdatasync", fail(errno.EIO))
+        journal._flush_now()  # fails: cut back to record 1, which works
+        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+        seq = journal.append(rec(4))
+        journal._flush_now()
+        assert journal.lost(seq) is None  # record 4 is durable: its client is told so
+        journal.append(rec(5))
+        monkeypatch.setattr(os, "fdatasync", fail(errno.EIO))
+        journal._flush_now()  # fails: cut back to record 4's end
+        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    data = journal.path.read_bytes()
+    assert [k[1] for k in _journal.parse(data).accepted] == ["1", "4"]
+    assert _journal.written(data) == rec(1) + rec(4)
+    journal.close()
 
 
 # --- writes that are retried -----------------------------------------------------------------

@@ -62,10 +62,16 @@ def test_room_is_made_again_once_used_and_never_over_a_record(path: Path) -> Non
     journal.close()
 
 
+def _killed(journal: Journal) -> None:
+    """The journal's process dies: its file is left as it is, room and all."""
+    os.close(journal._fd)
+
+
 def test_a_reopened_journal_goes_on_right_after_its_last_record(path: Path) -> None:
     journal = Journal(path)
     journal.append_durable(_accepted(1))
-    journal.close()
+    _killed(journal)
+    assert path.read_bytes().endswith(bytes(ROOM))
     again = Journal(path)  # a restart: the file ends in zeros
     assert list(again.state.accepted) == [key_of("c1", 1)]
     again.append_durable(_completed(1))
@@ -78,7 +84,7 @@ def test_a_torn_record_in_the_room_is_sealed_and_the_next_record_parses(path: Pa
     journal = Journal(path)
     journal.append_durable(_accepted(1))
     journal.append_durable(_completed(1))
-    journal.close()
+    _killed(journal)
     data = path.read_bytes()
     written = data.rstrip(b"\0")
     torn = written[:-9]  # the last record cut short by a kill, zeros after it
@@ -149,4 +155,36 @@ def test_after_compaction_records_follow_the_compacted_ones(
     journal.append_durable(_accepted(9))
     assert _records(path) == compacted + _accepted(9)
     assert key_of("c1", 9) in _journal.parse(path.read_bytes()).accepted
+    journal.close()
+
+
+def test_a_closed_journal_gives_back_its_room(path: Path) -> None:
+    journal = Journal(path)
+    journal.append_durable(_accepted(1))
+    assert path.stat().st_size > len(_accepted(1))
+    journal.close()
+    assert path.read_bytes() == _accepted(1)
+
+
+def test_no_room_is_made_on_a_filesystem_running_full(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The zeros would take space other files (transcript, output, state) need first."""
+    real = os.fstatvfs
+
+    def nearly_full(fd: int) -> os.statvfs_result:
+        st = real(fd)
+        free_blocks = (_workerjournal.ROOM_MIN_FREE - 1) // st.f_frsize
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, free_blocks,
+                                  free_blocks, *st[5:]))
+
+    monkeypatch.setattr(os, "fstatvfs", nearly_full)
+    journal = Journal(path)
+    journal.append_durable(_accepted(1))
+    journal.append_durable(_completed(1))
+    assert path.read_bytes() == _accepted(1) + _completed(1)  # appended, nothing ahead
+    monkeypatch.setattr(os, "fstatvfs", real)
+    journal.append_durable(_accepted(2))  # space again: room again
+    assert path.stat().st_size > len(_records(path))
+    assert _records(path) == _accepted(1) + _completed(1) + _accepted(2)
     journal.close()
