@@ -108,12 +108,16 @@ def written(data: bytes) -> bytes:
 
 def parse(data: bytes) -> JournalState:
     """The state a journal file's ``data`` records; a line that does not parse is counted in
-    ``skipped_lines``, and NUL bytes (room written ahead, see ``_workerjournal``) are ignored."""
+    ``skipped_lines``.
+
+    The room written ahead of the records (see ``_workerjournal``) is not read, nor a line of
+    nothing but NUL bytes (room an older version, which appends, closed with a newline before
+    its own records). A line with NUL bytes among others is one whose bytes did not all reach
+    the disk: it is skipped, as any line that does not parse.
+    """
     state = JournalState()
-    for line in data.split(b"\n"):
-        # NUL bytes are room the journal made ahead and never wrote (no record holds one)
-        line = line.strip(b"\0")
-        if not line.strip():
+    for line in written(data).split(b"\n"):
+        if not line.strip() or not line.strip(b"\0"):
             continue
         try:
             rec = _decode(line)

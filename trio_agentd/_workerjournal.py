@@ -31,7 +31,7 @@ class Journal:
 
     ``append`` writes a record at once (so it survives a ``kill -9`` of this process: it is in
     the page cache, in order), into zeros written ahead of it (:meth:`_make_room`: a reader
-    ignores NUL bytes); ``await sync(seq)`` returns once that record is on disk. One
+    stops at them); ``await sync(seq)`` returns once that record is on disk. One
     flusher task runs ``fdatasync`` in a thread and covers every record written before it
     started, so a turn's ``completed`` and the next turn's ``accepted`` share one flush, and
     so do the records of concurrent commands. Durability is unchanged: nobody is answered, and

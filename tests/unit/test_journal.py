@@ -325,10 +325,22 @@ def test_parse_reads_a_torn_tail_in_room_written_ahead_as_without_it(
 
 
 def test_parse_reads_a_record_appended_after_room_by_an_older_version() -> None:
-    """An older version appends at the end of the file, after the zeros a newer one left: the
-    record it wrote there is read, not lost with the zeros in front of it."""
+    """An older version takes the zeros a newer one left for a torn line, ends it with a
+    newline and appends after it: the records it wrote there are read, the zeros skipped."""
     first = j.accepted("c1", 1, "prompt", {"text": "one"})
     second = j.completed("c1", 1, "done")
-    state = parse(first + bytes(500) + second)
+    state = parse(first + bytes(500) + b"\n" + second + bytes(100))
     assert state.skipped_lines == 0
     assert state.completed == {key_of("c1", 1): "done"}
+
+
+def test_parse_skips_a_record_with_nul_bytes_in_it() -> None:
+    """Zeros among a record's bytes: not all of them reached the disk (a flush that never
+    happened). The record is skipped, not read as what is left of it."""
+    first = j.accepted("c1", 1, "prompt", {"text": "one"})
+    second = j.completed("c1", 1, "done")
+    for hole in (bytes(3) + second, second[:5] + bytes(4) + second[9:], bytes(4096) + second):
+        state = parse(first + hole)
+        assert state.skipped_lines == 1
+        assert state.completed == {}
+        assert list(state.accepted) == [key_of("c1", 1)]
