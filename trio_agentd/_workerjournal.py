@@ -355,11 +355,20 @@ class Journal:
 
     def close(self) -> None:
         """Close the file, giving back the room made ahead (a stopped worker's journal takes
-        no more space than its records)."""
-        if self._torn is None and self._room_end > self._offset:
+        no more space than its records), and making a cut still owed: records a failed flush
+        lost (their clients were told they did not run) must not be read after a restart."""
+        if self._torn is not None:
+            try:
+                os.ftruncate(self._fd, self._torn)
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                log.error("journal %s: cannot cut back at %d on stop: %s; the next worker may"
+                          " find commands its clients were told did not run", self.path,
+                          self._torn, exc)
+        elif self._room_end > self._offset:
             try:
                 os.ftruncate(self._fd, self._offset)
-            except OSError as exc:  # (the zeros stay: a reader ignores them)
+            except OSError as exc:  # (the zeros stay: a reader stops at them)
                 log.warning("journal %s: could not give back the room made ahead: %s",
                             self.path, exc)
         os.close(self._fd)

@@ -426,6 +426,35 @@ def test_a_cut_that_failed_is_forgotten_once_a_later_cut_succeeds(
     journal.close()
 
 
+def test_a_cut_still_owed_when_the_worker_stops_is_made_on_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flush fails and so does the cut back: the command's client is told it did not run
+    (send it again). The worker stops before writing anything else: the cut is made then, so
+    the next worker does not find the command pending and run it too."""
+    first = _journal.accepted("c", 1, "prompt", {"text": "one"})
+    journal = Journal(tmp_path / "journal" / "s1.jsonl")
+    journal.append_durable(first)
+    seq = journal.append(_journal.accepted("c", 2, "prompt", {"text": "two"}))
+
+    def eio(*_args: Any) -> Any:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with caplog.at_level(logging.ERROR, "trio_agentd.worker"):
+        with monkeypatch.context() as broken:
+            broken.setattr(os, "fdatasync", eio)
+            broken.setattr(os, "ftruncate", eio)
+            journal._flush_now()
+        lost = journal.lost(seq)
+        assert lost is not None
+        assert lost.code == "storage_error"
+        journal.close()
+    again = Journal(journal.path)
+    assert [k for k, _ in again.state.pending()] == [("c", "1")]
+    assert journal.path.read_bytes() == first
+    again.close()
+
+
 # --- writes that are retried -----------------------------------------------------------------
 
 
