@@ -23,6 +23,8 @@ log = logging.getLogger("trio_agentd.worker")
 COMPACT_AFTER = 2000  # journal lines
 ROOM = 64 * 1024  # zeros written ahead of the records (see Journal._make_room)
 ROOM_MIN_FREE = 64 * 1024 * 1024  # ... only while the filesystem has this much space free
+_ZEROS = memoryview(bytes(ROOM))  # what room is written from: made once, in the fork template
+# (a buffer made per room would stay in each worker's heap, written, its own 64 KiB)
 KEEP_COMPLETED = 500
 
 
@@ -147,16 +149,18 @@ class Journal:
         is then written past the end as before. No room at all (a full disk) is not an error
         here either: the record's own write reports it.
         """
-        start = max(self._room_end, self._offset)  # (never over a record)
+        at = max(self._room_end, self._offset)  # (never over a record)
+        end = need + ROOM
         try:
             fs = os.fstatvfs(self._fd)
             if fs.f_bavail * fs.f_frsize < ROOM_MIN_FREE:
                 return
-            written = os.pwrite(self._fd, bytes(need + ROOM - start), start)
+            while at < end:
+                at += os.pwrite(self._fd, _ZEROS[: min(ROOM, end - at)], at)
         except OSError as exc:
             log.debug("journal %s: no room made ahead (%s); appending", self.path, exc)
-            return
-        self._room_end = start + written
+        finally:
+            self._room_end = max(self._room_end, at)
 
     def _end_at(self, offset: int) -> None:
         """The file now ends at ``offset`` (cut back): the next record is written there."""
