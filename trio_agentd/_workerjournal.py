@@ -55,7 +55,8 @@ class Journal:
         self.state = _journal.parse(data)
         self._lines = len(self.state.accepted) + len(self.state.completed)
         self._fd = _fs.open_trusted(path, os.O_WRONLY | os.O_CREAT)
-        self._room_end = os.fstat(self._fd).st_size  # the file's end: written, or room
+        # the file's end, records or room; never before the end of the records (_offset)
+        self._room_end = os.fstat(self._fd).st_size
         records = _journal.written(data)  # (the rest is room made ahead)
         os.lseek(self._fd, len(records), os.SEEK_SET)
         torn = _fs.torn_tail(records)
@@ -149,7 +150,7 @@ class Journal:
         is then written past the end as before. No room at all (a full disk) is not an error
         here either: the record's own write reports it.
         """
-        at = max(self._room_end, self._offset)  # (never over a record)
+        at = self._room_end  # (past every record: see _write)
         end = need + ROOM
         try:
             fs = os.fstatvfs(self._fd)
@@ -160,7 +161,7 @@ class Journal:
         except OSError as exc:
             log.debug("journal %s: no room made ahead (%s); appending", self.path, exc)
         finally:
-            self._room_end = max(self._room_end, at)
+            self._room_end = at
 
     def _end_at(self, offset: int) -> None:
         """The file now ends at ``offset`` (cut back): the next record is written there."""
