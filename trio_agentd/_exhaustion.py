@@ -87,8 +87,9 @@ def exhaustion_error(exc: OSError, what: str | None = None) -> AgentdError:
     )
 
 
-def raise_nofile_limit(log: logging.Logger) -> tuple[int, int]:
-    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; log and return (soft, hard) now."""
+def raise_nofile_limit(log: logging.Logger, *, report: bool = True) -> tuple[int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; log (a failure always, the limits
+    only with ``report``) and return (soft, hard) now."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -103,10 +104,13 @@ def raise_nofile_limit(log: logging.Logger) -> tuple[int, int]:
             log.warning("RLIMIT_NOFILE: could not raise the soft limit %s to %s: %s",
                         soft, want, exc)
             return soft, hard
-        log.info("RLIMIT_NOFILE: raised the soft limit from %s to %s (hard %s)", soft, want,
-                 _limit_text(hard))
+        if report:
+            log.info("RLIMIT_NOFILE: raised the soft limit from %s to %s (hard %s)", soft,
+                     want, _limit_text(hard))
         return want, hard
-    log.info("RLIMIT_NOFILE: soft limit %s (hard %s)", _limit_text(soft), _limit_text(hard))
+    if report:
+        log.info("RLIMIT_NOFILE: soft limit %s (hard %s)", _limit_text(soft),
+                 _limit_text(hard))
     return soft, hard
 
 

@@ -14,14 +14,15 @@ run before it says it is ready, the rest in its idle moments, between two reques
 forks while a loop or a thread runs, so a fork of it is safe.
 
 A request carries three descriptors (``SCM_RIGHTS``: the worker's stdin and stdout pipes and
-its log) and the worker's environment. The template forks twice: the grandchild calls
-``setsid`` (its own session and process group, as an exec'd worker's), tells the template its
-pid, takes the three descriptors as 0, 1, 2, closes every other descriptor, takes the
-environment (``os.environ``, so also what its agents inherit), ``cd /``, the signal
-dispositions of a fresh interpreter, and runs the worker's ``main()``: from there on it is an
-exec'd worker (config on stdin, the ``go`` gate, ``ready`` on stdout). The middle process
-exits at once, so the worker is no child of the template: it survives the template, and is
-waited for like an adopted worker (a pidfd).
+its log) and the worker's environment. The template forks once and answers with the child's
+pid at once; the child calls ``setsid`` (its own session and process group, as an exec'd
+worker's), takes the three descriptors as 0, 1, 2, closes every other descriptor, takes the
+environment (``os.environ``, so also what its agents inherit; only the variables that differ
+are touched), ``cd /``, the signal dispositions of a fresh interpreter, and runs the worker's
+``main()``: from there on it is an exec'd worker (config on stdin, the ``go`` gate, ``ready``
+on stdout). The template ignores ``SIGCHLD``, so the kernel reaps a worker that exits; a
+worker survives the template, and the supervisor waits for it like an adopted worker (a
+pidfd).
 
 The supervisor's side, which starts the template, restarts it and sends it requests, is
 :mod:`._forkserver`; the wire both speak (a length-prefixed JSON message, descriptors
@@ -35,6 +36,7 @@ import contextlib
 import errno as _errno
 import gc
 import json
+import logging
 import os
 import select
 import signal
@@ -268,6 +270,10 @@ def _preload() -> None:
     from . import _dnotify, _exhaustion, _fs, _inotify, _trust, _worker, timing  # noqa: F401
     from .agents import _echo, _exec, _shell  # noqa: F401
 
+    # the level a worker logs at, set once here (see _worker.main: setting it clears every
+    # logger's cache; the template logs nothing through it, having no handler)
+    logging.getLogger().setLevel(logging.INFO)
+
 
 # the template's filler objects (see :func:`_fill_free_blocks`): alive as long as it is
 _fillers: list[object] = []
@@ -468,16 +474,27 @@ def _become_worker(start: _WorkerStart) -> None:
     for target, fd in enumerate(start.fds):
         os.dup2(fd, target)
     os.closerange(3, _max_fd())
-    os.environ.clear()
-    os.environ.update(start.env)
+    take_environ(start.env)
     time.tzset()
     gc.enable()  # as in any interpreter; the template's objects stay frozen, never scanned
     os.chdir("/")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     del sys.argv[1:]  # as ``python -m trio_agentd.worker`` has it: the module's path
-    import importlib
+    # (the import system's caches are the template's: a user's agent module may be newer,
+    # so loading one invalidates them first; see agents._load)
 
-    importlib.invalidate_caches()  # the agent's modules may be newer than the template
+
+def take_environ(env: Mapping[str, str]) -> None:
+    """Make ``os.environ`` (and so the C environment) exactly ``env``, touching only the
+    variables that differ. Clearing it and setting it all again frees and remakes every
+    string and entry of the template's: a write to each page they sit on, copied into each
+    worker (about 0.35 MB). A session created with the daemon's own environment differs in
+    few variables, if any."""
+    for name in [k for k in os.environ if k not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _max_fd() -> int:

@@ -204,16 +204,27 @@ def _stop_signals_received() -> Iterator[AsyncIterator[int]]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
 
 
+def log_to_stderr() -> None:
+    """The worker's first logging: INFO and up to stderr (until :func:`_rotating_log`).
+
+    The level is set only where it is not INFO already: a worker forked from the template has
+    it from there, and setting it clears every logger's cache, a write to each logger that
+    each worker would copy."""
+    logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT)
+    root = logging.getLogger()
+    if root.level != logging.INFO:
+        root.setLevel(logging.INFO)
+
+
 def main() -> None:
     """``python -m trio_agentd.worker``: config on stdin, then wait for the start gate."""
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=LOG_FORMAT,
-    )
+    log_to_stderr()
     from ._exhaustion import raise_nofile_limit
 
-    raise_nofile_limit(log)  # soft to hard: a busy worker has the descriptors it may have
+    # soft to hard: a busy worker has the descriptors it may have. Logged only if it fails
+    # (the limits are the supervisor's, in its log; running out names them): a worker's
+    # first log line costs it about 0.3 MB of pages it would otherwise share
+    raise_nofile_limit(log, report=False)
     config_line = sys.stdin.readline()
     if not config_line:
         sys.exit("trio-agentd worker: no config on stdin (workers are started by the supervisor)")

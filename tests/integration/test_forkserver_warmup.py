@@ -7,6 +7,7 @@ in the test process, whose heap and event loop are pytest's.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -18,8 +19,8 @@ _forktemplate._preload()
 """
 
 
-def _run(body: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", PREAMBLE + body], capture_output=True,
+def _run(body: str, preamble: str = PREAMBLE) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", preamble + body], capture_output=True,
                          text=True, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
     result: dict[str, object] = json.loads(out.stdout.splitlines()[-1])
@@ -106,3 +107,57 @@ print(json.dumps({{"before": before, "specialised": [specialised(f) for f in fun
     assert isinstance(specialised, list)
     assert all(n > 0 for n in specialised), specialised
     assert got == {**before, "threads": 1, "loop": False, "left": []}
+
+
+def test_a_worker_takes_its_environment_changing_only_what_differs() -> None:
+    """A forked worker's environment becomes exactly the one it was sent, in ``os.environ``
+    and in the C environment its agents inherit; a variable that is the same keeps its
+    objects (nothing of the template's freed and made again: no write to the pages it
+    shares with its workers)."""
+    got = _run("""
+import subprocess
+os.environ.update({"TA_KEEP": "same", "TA_CHANGE": "old", "TA_DROP": "gone"})
+want = {**os.environ, "TA_CHANGE": "new", "TA_ADD": "added"}
+del want["TA_DROP"]
+def objects():
+    return {k: id(os.environ._data[os.environ.encodekey(k)]) for k in os.environ}
+before = objects()
+_forktemplate.take_environ(want)
+after = objects()
+seen = subprocess.run(["env", "-0"], capture_output=True, check=True).stdout
+c_env = dict(item.split("=", 1) for item in seen.decode().split("\\0") if item)
+print(json.dumps({"exact": dict(os.environ) == want, "c_exact": c_env == want,
+                  "kept": sorted(k for k in after if before.get(k) == after[k]),
+                  "names": sorted(want)}))
+""")
+    names = got.pop("names")
+    assert isinstance(names, list)
+    assert got == {"exact": True, "c_exact": True,
+                   "kept": sorted(set(names) - {"TA_CHANGE", "TA_ADD"})}
+
+
+_LOGGING = """
+import logging, io
+from trio_agentd import _worker
+cleared = []
+clear = logging.Manager._clear_cache
+logging.Manager._clear_cache = lambda self: (cleared.append(1), clear(self))[1]
+level = logging.getLogger().level
+sys.stderr = io.StringIO()
+_worker.log_to_stderr()
+logging.getLogger("trio_agentd.test").info("shown")
+print(json.dumps({"before": level, "cleared": len(cleared), "level": logging.getLogger().level,
+                  "logged": sys.stderr.getvalue().split(" ", 3)[-1]}))
+"""
+
+
+def test_a_forked_workers_logging_clears_no_loggers_cache_and_logs_info() -> None:
+    """The template sets the workers' level (INFO) once: a worker forked from it logs INFO
+    without setting it again, which would clear every logger's cache (a write to each
+    logger, copied into each worker); an exec'd worker sets it itself."""
+    forked = _run(_LOGGING)
+    execd = _run(_LOGGING, preamble="import json, sys\n")
+    assert forked == {"before": logging.INFO, "cleared": 0, "level": logging.INFO,
+                      "logged": "INFO shown\n"}
+    assert execd == {"before": logging.WARNING, "cleared": 1, "level": logging.INFO,
+                     "logged": "INFO shown\n"}

@@ -644,3 +644,28 @@ def test_spawning_does_not_happen_at_load(tmp_path: Path) -> None:
     # an unknown program is reported where it would run (the first turn), not at load
     agent = load_agent(f"exec:{shlex.quote(str(tmp_path / 'not-yet-installed'))}")
     assert isinstance(agent, ExecAgent)
+
+
+def test_a_module_written_after_its_directory_was_listed_loads(tmp_path: Path) -> None:
+    """A worker forked from the template has the template's import caches: a directory's
+    listing, refreshed only when its mtime moves. A module written within the same tick (here:
+    the mtime set back) must still load."""
+    import importlib.machinery
+
+    (tmp_path / "seenagent.py").write_text("x = 1\n")
+    before = os.stat(tmp_path)
+    finder = importlib.machinery.FileFinder(
+        str(tmp_path), (importlib.machinery.SourceFileLoader, [".py"]))
+    sys.path_importer_cache[str(tmp_path)] = finder
+    try:
+        assert finder.find_spec("seenagent") is not None  # the directory is listed now
+        (tmp_path / "newagent.py").write_text(
+            "from trio_agentd.agents._echo import EchoAgent\n\ndef make():\n"
+            "    return EchoAgent()\n")
+        os.utime(tmp_path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert finder.find_spec("newagent") is None  # stale: what the import system would see
+        agent = load_agent("newagent:make", [str(tmp_path)])
+        assert type(agent).__name__ == "EchoAgent"
+    finally:
+        sys.path_importer_cache.pop(str(tmp_path), None)
+        sys.modules.pop("newagent", None)
