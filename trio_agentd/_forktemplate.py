@@ -489,7 +489,8 @@ def take_environ(env: Mapping[str, str]) -> None:
     variables that differ. Clearing it and setting it all again frees and remakes every
     string and entry of the template's: a write to each page they sit on, copied into each
     worker (about 0.35 MB). A session created with the daemon's own environment differs in
-    few variables, if any."""
+    few variables, if any. The variables are the same as an exec'd worker's, not always in
+    the same order (those the template had keep its order; new ones come last)."""
     for name in [k for k in os.environ if k not in env]:
         del os.environ[name]
     for name, value in env.items():

@@ -116,8 +116,10 @@ def test_a_worker_takes_its_environment_changing_only_what_differs() -> None:
     shares with its workers)."""
     got = _run("""
 import subprocess
-os.environ.update({"TA_KEEP": "same", "TA_CHANGE": "old", "TA_DROP": "gone"})
-want = {**os.environ, "TA_CHANGE": "new", "TA_ADD": "added"}
+os.environ.update({"TA_KEEP": "same", "TA_CHANGE": "old", "TA_DROP": "gone",
+                   "TA_EMPTY": ""})
+want = {**os.environ, "TA_CHANGE": "new", "TA_ADD": "added", "TA_BYTES": "a\\udcffb",
+        "TA_NEW_EMPTY": ""}
 del want["TA_DROP"]
 def objects():
     return {k: id(os.environ._data[os.environ.encodekey(k)]) for k in os.environ}
@@ -125,15 +127,17 @@ before = objects()
 _forktemplate.take_environ(want)
 after = objects()
 seen = subprocess.run(["env", "-0"], capture_output=True, check=True).stdout
-c_env = dict(item.split("=", 1) for item in seen.decode().split("\\0") if item)
-print(json.dumps({"exact": dict(os.environ) == want, "c_exact": c_env == want,
+c_env = dict(item.split(b"=", 1) for item in seen.split(b"\\0") if item)
+print(json.dumps({"exact": dict(os.environ) == want,
+                  "c_exact": c_env == {os.fsencode(k): os.fsencode(v) for k, v in want.items()},
                   "kept": sorted(k for k in after if before.get(k) == after[k]),
                   "names": sorted(want)}))
 """)
     names = got.pop("names")
     assert isinstance(names, list)
     assert got == {"exact": True, "c_exact": True,
-                   "kept": sorted(set(names) - {"TA_CHANGE", "TA_ADD"})}
+                   "kept": sorted(set(names) - {"TA_CHANGE", "TA_ADD", "TA_BYTES",
+                                                "TA_NEW_EMPTY"})}
 
 
 _LOGGING = """

@@ -66,11 +66,11 @@ def load_agent(spec: str, path: Sequence[str] = ()) -> Agent:
     module_name, attr = parts
     import traceback
 
-    # a worker forked from the template inherits its import caches (directory listings,
-    # refreshed only when a directory's mtime moves, which can miss a file written within
-    # the same tick): the user's module may be newer than the template
-    importlib.invalidate_caches()
     try:
+        # a worker forked from the template inherits its import caches (directory listings,
+        # refreshed only when a directory's mtime moves, which can miss a file written within
+        # the same tick): the user's module may be newer than the template
+        importlib.invalidate_caches()
         with _import_path(path):
             module = importlib.import_module(module_name)
         factory = getattr(module, attr)
