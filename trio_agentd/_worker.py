@@ -222,7 +222,7 @@ def main() -> None:
     from ._exhaustion import raise_nofile_limit
 
     # soft to hard: a busy worker has the descriptors it may have. Logged only if it fails
-    # (the limits are the supervisor's, in its log; running out names them): a worker's
+    # (`trio-agentd daemon` logs the limits it starts with; running out names them): a worker's
     # first log line costs it about 0.3 MB of pages it would otherwise share
     raise_nofile_limit(log, report=False)
     config_line = sys.stdin.readline()
