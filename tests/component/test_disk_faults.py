@@ -148,9 +148,9 @@ def journal_lines(journal: Journal) -> list[dict[str, Any]]:
 
 def records(journal: Journal) -> bytes:
     """The journal file's bytes up to the room written ahead (NUL bytes, never in a record)."""
-    data = journal.path.read_bytes()
-    assert b"\0" not in data.rstrip(b"\0"), "a NUL byte among the records"
-    return data.rstrip(b"\0")
+    written = _journal.written(journal.path.read_bytes())
+    assert b"\0" not in written, "a NUL byte among the records"
+    return written
 
 
 def kinds(journal: Journal) -> list[tuple[str, str]]:

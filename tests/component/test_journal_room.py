@@ -30,8 +30,7 @@ def _completed(n: int) -> bytes:
 
 
 def _records(path: Path) -> bytes:
-    data = path.read_bytes()
-    written = data.rstrip(b"\0")
+    written = _journal.written(path.read_bytes())
     assert b"\0" not in written, "a NUL byte among the records"
     return written
 
@@ -87,8 +86,7 @@ def test_a_torn_record_in_the_room_is_sealed_and_the_next_record_parses(path: Pa
     journal.append_durable(_completed(1))
     _killed(journal)
     data = path.read_bytes()
-    written = data.rstrip(b"\0")
-    torn = written[:-9]  # the last record cut short by a kill, zeros after it
+    torn = _journal.written(data)[:-9]  # the last record cut short by a kill, zeros after it
     path.write_bytes(torn + bytes(len(data) - len(torn)))
 
     again = Journal(path)

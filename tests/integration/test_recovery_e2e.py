@@ -184,7 +184,7 @@ def test_corrupt_descriptor_and_journal_are_logged_and_skipped(denv: DaemonEnv) 
     (state / "workers" / "bad.json").write_bytes(b'{"version": 1, "sess')
     journal = state / "journal" / "good.jsonl"
     data = journal.read_bytes()
-    assert data == data.rstrip(b"\0")  # a stopped worker gave back the room it wrote ahead
+    assert not data.endswith(b"\0")  # a stopped worker gave back the room it wrote ahead
     # as a kill in the middle of a record leaves it: torn, in the room
     journal.write_bytes(data[:-7] + bytes(64 * 1024))
     (state / "workers" / "junk.json").write_bytes(bytes(range(256)))
