@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import trio
 import trio.testing
 
+import trio_agentd
 from tests.component.test_direct_route import (
     ADMITTED,
     HELLO,
@@ -213,6 +215,77 @@ async def test_a_turn_run_by_the_reader_outlives_its_dropped_connection(
     expected = {"session": SESSION, "turn": 1, "reply": "reply 1: slow", "bytes": 13}
     assert await new.response(71) == Response(id=71, ok=True, result=expected)
     assert agent.prompts == ["slow"]
+
+
+class _ImmediateOnce(_ImmediateGated):
+    """An immediate agent whose turns must not run twice: each runs once its acceptance is
+    on disk."""
+
+    replayable = False
+
+
+@pytest.mark.usefixtures("no_worker_errors")
+async def test_a_turn_run_by_the_reader_waits_for_its_acceptance_shielded_from_its_connection(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, journal: Journal,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wait before a non-replayable turn (its acceptance made durable) is outside the
+    turn's own scope: the connection dropped meanwhile must not abandon the accepted command
+    (a resend would then wait for ever on a turn that never runs)."""
+    agent = _ImmediateOnce()
+    w = World(nursery, agent=agent, journal=journal)
+    old = await w.serving()
+    gate, waiting = trio.Event(), trio.Event()
+    sync = journal.sync
+
+    async def held(seq: int, *, inline: bool = False) -> None:
+        waiting.set()
+        await gate.wait()
+        await sync(seq, inline=inline)
+
+    monkeypatch.setattr(journal, "sync", held)
+    await old.prompt(70, "once", client_id="c", command_id=7)
+    await waiting.wait()
+    assert agent.prompts == []  # not run before its acceptance is durable
+    new = await w.supervisor(w.owner("g2", 200))  # the old connection is dropped
+    await trio.testing.wait_all_tasks_blocked()
+    gate.set()
+    await trio.testing.wait_all_tasks_blocked()
+    assert agent.prompts == ["once"]
+    assert w.core.turns_run == 1
+    await new.prompt(71, "once", client_id="c", command_id=7)
+    expected = {"session": SESSION, "turn": 1, "reply": "reply 1: once", "bytes": 13}
+    assert await new.response(71) == Response(id=71, ok=True, result=expected)
+    assert agent.prompts == ["once"]
+
+
+@pytest.mark.usefixtures("no_worker_errors")
+async def test_a_turn_run_by_the_reader_enters_one_cancel_scope(
+    nursery: trio.Nursery, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own scope is its shield: no second scope around it (each costs microseconds)."""
+    w = World(nursery, journal=journal)
+    await w.serving()
+    client = await _socket_client(w)
+    await client.send(1, "prompt", text="warm", stream=False)
+    assert await client.until_response() == ([], reply(1, 1, "[echo turn 1] warm\n"))
+    made: list[trio.CancelScope] = []  # by the worker (not by the test's own timeouts)
+    scope = trio.CancelScope
+    package = os.path.dirname(trio_agentd.__file__)
+
+    def counted(**kwargs: Any) -> trio.CancelScope:
+        made_here = scope(**kwargs)
+        if sys._getframe(1).f_code.co_filename.startswith(package):
+            made.append(made_here)
+        return made_here
+
+    monkeypatch.setattr(trio, "CancelScope", counted)
+    await client.send(2, "prompt", text="hello", stream=False)
+    assert await client.until_response() == ([], reply(2, 2, "[echo turn 2] hello\n"))
+    monkeypatch.undo()
+    assert len(made) == 1
+    assert made[0].shield
+    await client.ms.aclose()
 
 
 async def test_a_last_send_with_room_is_no_trip_through_the_scheduler() -> None:
