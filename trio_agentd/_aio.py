@@ -245,6 +245,21 @@ class MessageStream(Framing):
 
     async def send(self, msg: Message) -> None:
         data = encode(msg)
+        direct = self._direct
+        if direct is not None and not self._send_lock.locked():
+            # nobody sends (or waits to): what the socket takes at once needs no lock, as
+            # nothing can start another frame before this returns or takes the lock below
+            # (no checkpoint in between)
+            await direct.if_cancelled()  # (no yield unless cancelled)
+            sent = self._send_now(data)
+            if sent == len(data):
+                return
+            self._send_lock.acquire_nowait()  # (free: nothing ran since the look)
+            try:
+                await self.stream.send(data[sent:])  # the rest: waiting for room
+            finally:
+                self._send_lock.release()
+            return
         # a free lock is taken without a trip through the event loop
         try:
             self._send_lock.acquire_nowait()

@@ -77,7 +77,15 @@ class MessageStream(Framing):
             return
         data = encode(msg)
         await trio.lowlevel.checkpoint_if_cancelled()
-        await self._lock()
+        if not self._send_lock.locked():
+            # nobody sends (or waits to): what the socket takes at once needs no lock, as
+            # nothing can start another frame before this returns or takes the lock below
+            # (no checkpoint in between)
+            sent = _write_now(sock, data)
+            if sent == len(data):
+                return
+            data = data[sent:]
+        await self._lock()  # (free if part was sent above: taken without a checkpoint)
         try:
             await _write(sock, data)
         finally:
@@ -220,6 +228,23 @@ async def _read(sock: trio.socket.SocketType, size: int) -> bytes:
             if exc.errno == errno.EBADF:
                 raise trio.ClosedResourceError("the connection was closed") from None
             raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
+def _write_now(sock: trio.socket.SocketType, data: bytes) -> int:
+    """What of ``data`` the (non-blocking) socket takes at once, without waiting.
+
+    Raises:
+        trio.BrokenResourceError: the peer went away.
+        trio.ClosedResourceError: the socket was closed under us.
+    """
+    if sock.fileno() < 0:  # closed by another task (a dropped connection)
+        raise trio.ClosedResourceError("the connection was closed")
+    try:
+        return os.write(sock.fileno(), data)
+    except BlockingIOError:
+        return 0
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        raise trio.BrokenResourceError(str(exc)) from exc
 
 
 async def _write(sock: trio.socket.SocketType, data: bytes) -> None:

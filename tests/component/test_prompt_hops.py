@@ -327,6 +327,61 @@ async def test_a_last_send_without_room_waits_for_the_reader() -> None:
         assert sent.is_set()
 
 
+_BIG = Response(id=1, ok=True, result={"reply": "x" * (4 << 20)})  # past any socket buffer
+_SMALL = Response(id=2, ok=True, result={"reply": "y"})
+
+
+async def _two_senders(send: Any, receiver: Any) -> list[Any]:
+    """A frame too big for the socket, and another sent while the first waits for room: what
+    the receiver reads (each frame must arrive whole, the first first)."""
+    big_waits = trio.Event()
+
+    async def big() -> None:
+        await send(_BIG)
+
+    async def small() -> None:
+        await big_waits.wait()
+        await send(_SMALL)
+
+    got = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(big)
+        await trio.testing.wait_all_tasks_blocked()  # part of it sent, waiting for room
+        big_waits.set()
+        nursery.start_soon(small)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(2):
+            got.append(await receiver.receive())
+    return got
+
+
+async def test_a_last_send_never_splits_another_frame_waiting_for_room() -> None:
+    ours, theirs = trio.socket.socketpair()
+    async with trio.SocketStream(ours) as a, trio.SocketStream(theirs) as b:
+        sender = MessageStream(a)
+        assert await _two_senders(sender.send_last, MessageStream(b, limit=8 << 20)) == [
+            _BIG, _SMALL]
+
+
+async def test_a_clients_send_never_splits_another_frame_waiting_for_room(
+    tmp_path: Path,
+) -> None:
+    from trio_agentd._aio import MessageStream as ClientStream
+    from trio_agentd._aio import connect_unix
+
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    with listener:
+        await listener.bind(str(tmp_path / "s"))
+        listener.listen(1)
+        stream = await connect_unix(str(tmp_path / "s"))
+        accepted, _ = await listener.accept()
+        async with stream, trio.SocketStream(accepted) as b:
+            sender = ClientStream(stream)
+            assert sender.can_tell_closed  # (Trio's socket, sent on directly)
+            assert await _two_senders(sender.send, MessageStream(b, limit=8 << 20)) == [
+                _BIG, _SMALL]
+
+
 def test_synced_flushes_inline_when_nothing_else_does(journal: Journal) -> None:
     seq = journal.append(b'{"kind":"started","client_id":"c","id":1}\n')
     assert journal.synced(seq) is True  # no flusher runs: flushed here
