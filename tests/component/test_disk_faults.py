@@ -489,6 +489,47 @@ async def test_failed_transcript_line_is_retried_on_schedule_then_written(
     assert "could not write transcript" in caplog.text
 
 
+class Immediate(GatedAgent):
+    """Declares its turns immediate: the connection's reader runs them itself."""
+
+    immediate = True
+
+
+async def test_a_transcript_retry_outlives_the_connection_of_the_turn_run_by_its_reader(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    disk: Disk,
+    files: tuple[Journal, Transcript],
+) -> None:
+    """The retry's wait is outside the turn's own scope: a newer supervisor dropping the
+    connection that runs the turn meanwhile must not cancel it before its outcome is
+    journalled (a resend would wait for ever on it)."""
+    agent = Immediate()
+    core, registry = make_core(agent, files, Timing(storage_retry_delays=(1.0,)))
+    old = await start(nursery, core, registry)
+    calls = 0
+
+    def one_failure(path: str, data: bytes) -> bool:
+        nonlocal calls
+        if not path.endswith("transcript.jsonl"):
+            return False
+        calls += 1
+        return calls == 1
+
+    disk.fill(one_failure)
+    await old.prompt(1, "hello", command_id="x")
+    await trio.testing.wait_all_tasks_blocked()  # the turn ran; its line waits to be retried
+    assert agent.prompts == ["hello"]
+    rec = registry.add_owner(generation="g2", pid=200, start_id="boot:200")
+    new = await connect_owner(nursery, core, rec)  # the old connection is dropped
+    await trio.sleep(1.0)  # the retry
+    await trio.testing.wait_all_tasks_blocked()
+    assert core.turns_run == 1
+    with trio.fail_after(5):
+        assert await ask(new, 2, "hello", "x") == reply(2, 1, "reply 1: hello")
+    assert agent.prompts == ["hello"]  # answered from the journal: nothing ran twice
+
+
 async def test_transcript_that_stays_full_does_not_wedge_and_catches_up(
     autojump_clock: trio.testing.MockClock,
     nursery: trio.Nursery,

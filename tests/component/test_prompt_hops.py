@@ -344,15 +344,70 @@ async def _two_senders(send: Any, receiver: Any) -> list[Any]:
         await send(_SMALL)
 
     got = []
+    big_sent = trio.Event()
+
+    async def big_then_mark() -> None:
+        await big()
+        big_sent.set()
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(big)
-        await trio.testing.wait_all_tasks_blocked()  # part of it sent, waiting for room
+        nursery.start_soon(big_then_mark)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not big_sent.is_set()  # part of it sent, waiting for room (else: no test)
         big_waits.set()
         nursery.start_soon(small)
         await trio.testing.wait_all_tasks_blocked()
         for _ in range(2):
             got.append(await receiver.receive())
     return got
+
+
+async def _room_then_another(send: Any, b: trio.SocketStream) -> bytes:
+    """A frame waiting for room holds the send lock; the reader makes room, and another frame
+    is sent before that one's writer runs again (no checkpoint in between): all the reader
+    gets. The second must not go first, into the middle of the first, though the socket would
+    take it now."""
+    got = bytearray()
+    total = len(encode(_BIG)) + len(encode(_SMALL))
+    go = trio.Event()
+
+    async def drain() -> None:
+        await go.wait()
+        while len(got) < total:
+            got.extend(await b.receive_some(1 << 20))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, _BIG)
+        nursery.start_soon(drain)
+        await trio.testing.wait_all_tasks_blocked()
+        got.extend(os.read(b.socket.fileno(), 65536))  # room, its writer not yet woken
+        go.set()
+        await send(_SMALL)
+    return bytes(got)
+
+
+async def test_a_last_send_waits_for_a_frame_that_holds_the_lock_even_with_room() -> None:
+    ours, theirs = trio.socket.socketpair()
+    async with trio.SocketStream(ours) as a, trio.SocketStream(theirs) as b:
+        sender = MessageStream(a)
+        assert await _room_then_another(sender.send_last, b) == encode(_BIG) + encode(_SMALL)
+
+
+async def test_a_clients_send_waits_for_a_frame_that_holds_the_lock_even_with_room(
+    tmp_path: Path,
+) -> None:
+    from trio_agentd._aio import MessageStream as ClientStream
+    from trio_agentd._aio import connect_unix
+
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    with listener:
+        await listener.bind(str(tmp_path / "s"))
+        listener.listen(1)
+        stream = await connect_unix(str(tmp_path / "s"))
+        accepted, _ = await listener.accept()
+        async with stream, trio.SocketStream(accepted) as b:
+            sender = ClientStream(stream)
+            assert await _room_then_another(sender.send, b) == encode(_BIG) + encode(_SMALL)
 
 
 async def test_a_last_send_never_splits_another_frame_waiting_for_room() -> None:
