@@ -100,6 +100,20 @@ def record_kind(kind: str) -> Rule:
     return lambda path, data: path.endswith("s1.jsonl") and f'"kind":"{kind}"'.encode() in data
 
 
+def transcript_fails(times: int) -> Rule:
+    """The first ``times`` writes to a transcript fail."""
+    calls = 0
+
+    def rule(path: str, _data: bytes) -> bool:
+        nonlocal calls
+        if not path.endswith("transcript.jsonl"):
+            return False
+        calls += 1
+        return calls <= times
+
+    return rule
+
+
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Disk:
     return Disk(monkeypatch)
@@ -470,16 +484,7 @@ async def test_failed_transcript_line_is_retried_on_schedule_then_written(
     core, registry = make_core(agent, files, timing)
     transcript = files[1]
     sup = await start(nursery, core, registry)
-    calls = 0
-
-    def two_failures(path: str, data: bytes) -> bool:
-        nonlocal calls
-        if not path.endswith("transcript.jsonl"):
-            return False
-        calls += 1
-        return calls <= 2  # two torn attempts (half written, then refused)
-
-    disk.fill(two_failures)
+    disk.fill(transcript_fails(2))  # two torn attempts (half written, then refused)
     assert await ask(sup, 1, "hello", "c1") == reply(1, 1, "reply 1: hello")
     assert trio.current_time() == 2.5  # 0.5 + 2.0: written at the second retry
     assert disk.failed_writes == [(0.0, "transcript.jsonl"), (0.5, "transcript.jsonl")]
@@ -507,16 +512,7 @@ async def test_a_transcript_retry_outlives_the_connection_of_the_turn_run_by_its
     agent = Immediate()
     core, registry = make_core(agent, files, Timing(storage_retry_delays=(1.0,)))
     old = await start(nursery, core, registry)
-    calls = 0
-
-    def one_failure(path: str, data: bytes) -> bool:
-        nonlocal calls
-        if not path.endswith("transcript.jsonl"):
-            return False
-        calls += 1
-        return calls == 1
-
-    disk.fill(one_failure)
+    disk.fill(transcript_fails(1))
     await old.prompt(1, "hello", command_id="x")
     await trio.testing.wait_all_tasks_blocked()  # the turn ran; its line waits to be retried
     assert agent.prompts == ["hello"]

@@ -7,11 +7,12 @@ one. Counts only: figures belong to the benchmarks.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -362,6 +363,25 @@ async def _two_senders(send: Any, receiver: Any) -> list[Any]:
     return got
 
 
+@contextlib.asynccontextmanager
+async def _client_stream(tmp_path: Path) -> AsyncIterator[tuple[Any, trio.SocketStream]]:
+    """The async client's frame stream on a real Unix socket (Trio's socket, sent on
+    directly), and the Trio stream at its other end."""
+    from trio_agentd._aio import MessageStream as ClientStream
+    from trio_agentd._aio import connect_unix
+
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    with listener:
+        await listener.bind(str(tmp_path / "s"))
+        listener.listen(1)
+        stream = await connect_unix(str(tmp_path / "s"))
+        accepted, _ = await listener.accept()
+        async with stream, trio.SocketStream(accepted) as b:
+            sender = ClientStream(stream)
+            assert sender.can_tell_closed
+            yield sender, b
+
+
 async def _room_then_another(send: Any, b: trio.SocketStream) -> bytes:
     """A frame waiting for room holds the send lock; the reader makes room, and another frame
     is sent before that one's writer runs again (no checkpoint in between): all the reader
@@ -396,18 +416,8 @@ async def test_a_last_send_waits_for_a_frame_that_holds_the_lock_even_with_room(
 async def test_a_clients_send_waits_for_a_frame_that_holds_the_lock_even_with_room(
     tmp_path: Path,
 ) -> None:
-    from trio_agentd._aio import MessageStream as ClientStream
-    from trio_agentd._aio import connect_unix
-
-    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    with listener:
-        await listener.bind(str(tmp_path / "s"))
-        listener.listen(1)
-        stream = await connect_unix(str(tmp_path / "s"))
-        accepted, _ = await listener.accept()
-        async with stream, trio.SocketStream(accepted) as b:
-            sender = ClientStream(stream)
-            assert await _room_then_another(sender.send, b) == encode(_BIG) + encode(_SMALL)
+    async with _client_stream(tmp_path) as (sender, b):
+        assert await _room_then_another(sender.send, b) == encode(_BIG) + encode(_SMALL)
 
 
 async def test_a_last_send_never_splits_another_frame_waiting_for_room() -> None:
@@ -421,20 +431,9 @@ async def test_a_last_send_never_splits_another_frame_waiting_for_room() -> None
 async def test_a_clients_send_never_splits_another_frame_waiting_for_room(
     tmp_path: Path,
 ) -> None:
-    from trio_agentd._aio import MessageStream as ClientStream
-    from trio_agentd._aio import connect_unix
-
-    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    with listener:
-        await listener.bind(str(tmp_path / "s"))
-        listener.listen(1)
-        stream = await connect_unix(str(tmp_path / "s"))
-        accepted, _ = await listener.accept()
-        async with stream, trio.SocketStream(accepted) as b:
-            sender = ClientStream(stream)
-            assert sender.can_tell_closed  # (Trio's socket, sent on directly)
-            assert await _two_senders(sender.send, MessageStream(b, limit=8 << 20)) == [
-                _BIG, _SMALL]
+    async with _client_stream(tmp_path) as (sender, b):
+        assert await _two_senders(sender.send, MessageStream(b, limit=8 << 20)) == [
+            _BIG, _SMALL]
 
 
 def test_synced_flushes_inline_when_nothing_else_does(journal: Journal) -> None:
