@@ -48,6 +48,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _signals_as_a_worker_leaves_them() -> Iterator[None]:
+    """Processes the tests start get the stop signals at their defaults, as a worker's agents
+    do (a serving worker catches HUP, INT, QUIT and TERM, and a caught signal is back at its
+    default in a child after ``exec``), even when the suite itself runs with them ignored:
+    under ``nohup`` (HUP), or as a script's background job (INT, QUIT). An agent started
+    straight from a test would otherwise inherit the ignored ones, and its shell's background
+    jobs would outlive their hang-up. Caught here by a handler that does nothing: ignored
+    they were, ignored they stay for this process."""
+    ignored = [sig for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+               if signal.getsignal(sig) == signal.SIG_IGN]
+    for sig in ignored:
+        signal.signal(sig, _still_ignored)
+    try:
+        yield
+    finally:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _still_ignored(_signum: int, _frame: object) -> None:
+    """A stop signal this process ignored when it started (see above)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _private_tmpdir() -> Iterator[None]:
     """Every process the tests start keeps its temporary files (a fork template's rehearsal
     scratch, which killing the template leaves behind) in one private dir, removed at the end:
