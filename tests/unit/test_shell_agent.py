@@ -378,6 +378,41 @@ async def test_closing_the_agent_ends_the_shell_and_hangs_up_its_jobs(
             os.waitid(os.P_PID, shell, os.WEXITED | os.WNOHANG)  # noqa: ASYNC222 (WNOHANG)
 
 
+def _ignored(pid: int) -> int:
+    """The signals ``pid`` ignores (``SigIgn`` of its status), as a mask."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+
+
+async def test_a_serving_workers_shell_hears_hang_ups_its_daemon_ignored(
+    tmp_path: Path, program: str
+) -> None:
+    """A daemon started under ``nohup`` (or as a script's background job) passes the ignored
+    signals on to its workers; the shell a serving worker starts still gets them back at their
+    defaults (the worker catches its stop signals, and a caught signal is default again after
+    ``exec``), so its jobs end at its hang-up as at a closed terminal's."""
+    from trio_agentd._worker import _stop_signals_received
+
+    stops = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+    before = {sig: signal.getsignal(sig) for sig in stops}
+    try:
+        for sig in stops:
+            signal.signal(sig, signal.SIG_IGN)  # the daemon's, inherited
+        with _stop_signals_received():
+            async with session_in(tmp_path, program) as s:
+                job = int(await s.ok("sleep 30 >/dev/null 2>&1 & echo $!"))
+                shell = s.groups[-1].pid
+                hup = 1 << (signal.SIGHUP - 1)
+                assert not _ignored(shell) & hup
+                assert not _ignored(job) & hup
+                with watched([shell, job]) as fds:
+                    await s.agent.aclose()
+                    await wait_exited(fds)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 async def test_background_jobs_outlive_their_prompt(tmp_path: Path, program: str) -> None:
     async with session_in(tmp_path, program) as s:
         job = int(await s.ok("sleep 30 >/dev/null 2>&1 & echo $!"))
