@@ -257,6 +257,7 @@ class WideChaos:
         self.idle_prompts: list[Sent] = []
         self.idle_workers: dict[str, tuple[int, str]] = {}  # the worker of its last prompt
         self.limited: set[int] = set()  # pids whose limits a fault lowered (restored after)
+        self.probes: list[str] = []  # sessions a prompt under a full disk began
         self.cancelled = 0
         self.evictions = 0
 
@@ -564,10 +565,19 @@ class WideChaos:
                 pass
         print(f"  {self.at()} disk full for {len(self.limited)} processes")
         try:
-            # the fault bites (a prompt is refused), then lasts a moment longer
-            wait_for(lambda: any(r.error == "storage_error" and r.start >= w.start
-                                 for r in self.load.done()),
-                     timeout=self.left(10), what="a prompt to meet the full disk")
+            # the fault bites, then lasts a moment longer. A prompt of the load may not meet it:
+            # a worker writes its records into room it made ahead, and late in the run the
+            # load may be over (its sessions at their cap, its threads past their end). A
+            # prompt that makes a session always does: it writes new files, refused at once
+            probe = f"d{self.done['disk']}"
+            client = SyncClient(self.layout)
+            try:
+                with pytest.raises(AgentdError) as refused:
+                    client.request("prompt", {"session": probe, "text": "probe"})
+            finally:
+                client.close()
+            assert refused.value.code == "storage_error", refused.value
+            assert "EFBIG" in refused.value.message, refused.value.message
             time.sleep(0.5)  # the fault's own duration (not a wait for an event)
         finally:
             # the supervisor first, so a worker it spawns meanwhile is found by the next scan
@@ -581,6 +591,9 @@ class WideChaos:
                     pass
             self.unlimit()
             w.end = time.monotonic()
+        # the session the refused prompt began serves once there is room again
+        assert self.env.prompt("again", session=probe) == "[echo turn 1] again"
+        self.probes.append(probe)
 
     # --- the checks -------------------------------------------------------------------------
     def finish(self) -> None:
@@ -638,7 +651,7 @@ class WideChaos:
         for name in self.killed:
             self.check_killed(name)
         rows = self.sessions()
-        assert set(rows) == {*ECHO, SHELL, *IDLE}, rows
+        assert set(rows) == {*ECHO, SHELL, *IDLE, *self.probes}, rows
         # (the final prompts may be more than idle_eviction ago: evicted, or being evicted, is
         # fine; failed or recovering is not)
         assert {r["state"] for r in rows.values()} <= {"ready", "evicted", "stopping"}, rows
