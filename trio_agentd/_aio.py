@@ -246,32 +246,22 @@ class MessageStream(Framing):
     async def send(self, msg: Message) -> None:
         data = encode(msg)
         direct = self._direct
-        if direct is not None and not self._send_lock.locked():
-            # nobody sends (or waits to): what the socket takes at once needs no lock, as
-            # nothing can start another frame before this returns or takes the lock below
-            # (no checkpoint in between)
+        if direct is not None:
             await direct.if_cancelled()  # (no yield unless cancelled)
-            sent = self._send_now(data)
-            if sent == len(data):
-                return
-            self._send_lock.acquire_nowait()  # (free: nothing ran since the look)
-            try:
-                await self.stream.send(data[sent:])  # the rest: waiting for room
-            finally:
-                self._send_lock.release()
-            return
+            if not self._send_lock.locked():
+                # nobody sends (or waits to): what the socket takes at once needs no lock, as
+                # nothing can start another frame before this returns or takes the lock below
+                # (no checkpoint in between)
+                sent = self._send_now(data)
+                if sent == len(data):
+                    return
+                data = data[sent:]  # the rest as the stream sends it: waiting for room
         # a free lock is taken without a trip through the event loop
         try:
             self._send_lock.acquire_nowait()
         except anyio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            if self._direct is not None:
-                await self._direct.if_cancelled()  # (no yield unless cancelled)
-                sent = self._send_now(data)
-                if sent == len(data):
-                    return
-                data = data[sent:]  # the rest as the stream sends it: waiting for room
             await self.stream.send(data)
         finally:
             self._send_lock.release()

@@ -230,7 +230,7 @@ async def _read(sock: trio.socket.SocketType, size: int) -> bytes:
             raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
 
-def _write_now(sock: trio.socket.SocketType, data: bytes) -> int:
+def _write_now(sock: trio.socket.SocketType, data: bytes | memoryview) -> int:
     """What of ``data`` the (non-blocking) socket takes at once, without waiting.
 
     Raises:
@@ -257,15 +257,10 @@ async def _write(sock: trio.socket.SocketType, data: bytes) -> None:
     """
     with memoryview(data) as view:
         while view:
-            if sock.fileno() < 0:  # closed by another task (a dropped connection)
-                raise trio.ClosedResourceError("the connection was closed")
-            try:
-                sent = os.write(sock.fileno(), view)
-            except BlockingIOError:
+            sent = _write_now(sock, view)
+            if not sent:
                 await trio.lowlevel.wait_writable(sock)
                 continue
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise trio.BrokenResourceError(str(exc)) from exc
             view = view[sent:]
 
 
